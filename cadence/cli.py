@@ -1,0 +1,152 @@
+"""The `cadence` command: serve (engine + gateway), engine, gateway.
+
+The only place that reads command-line arguments; it builds each process's typed config and
+hands it over.
+"""
+
+import argparse
+import logging
+import sys
+from pathlib import Path
+
+from engine.executors import EXECUTORS
+from engine.models import MODELS
+
+log = logging.getLogger("cadence")
+
+
+def _engine_options(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("engine")
+    g.add_argument("--model", default="echo", choices=MODELS, help="model to serve")
+    g.add_argument("--executor", default="eager", choices=EXECUTORS, help="how the step runs")
+    g.add_argument("--slots", type=int, default=32, help="concurrent calls (batch rows)")
+    g.add_argument("--tick-ms", type=float, default=80.0, help="tick period in milliseconds")
+    g.add_argument("--ring-depth", type=int, default=4, help="frames per shared-memory ring")
+    g.add_argument("--metrics-host", default="127.0.0.1", help="engine /metrics address")
+    g.add_argument("--metrics-port", type=int, default=9101, help="engine /metrics port (0: off)")
+
+
+def _gateway_options(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("gateway")
+    g.add_argument("--host", default="127.0.0.1", help="HTTP listen address")
+    g.add_argument("--port", type=int, default=8080, help="HTTP port (API, page, /metrics)")
+    g.add_argument(
+        "--ice-address",
+        action="append",
+        default=[],
+        metavar="ADDR",
+        help="offer only this local address as a WebRTC host candidate (repeatable)",
+    )
+    g.add_argument(
+        "--jitter-min-ms", type=float, default=40.0, help="jitter buffer's lowest target delay"
+    )
+    g.add_argument(
+        "--jitter-max-ms", type=float, default=200.0, help="jitter buffer's highest target delay"
+    )
+
+
+def _engine_argv(a: argparse.Namespace) -> list[str]:
+    return [
+        f"--model={a.model}",
+        f"--executor={a.executor}",
+        f"--slots={a.slots}",
+        f"--tick-ms={a.tick_ms}",
+        f"--ring-depth={a.ring_depth}",
+        f"--metrics-host={a.metrics_host}",
+        f"--metrics-port={a.metrics_port}",
+        f"--log-level={a.log_level}",
+    ]
+
+
+def _gateway_argv(a: argparse.Namespace) -> list[str]:
+    argv = [
+        f"--host={a.host}",
+        f"--port={a.port}",
+        f"--jitter-min-ms={a.jitter_min_ms}",
+        f"--jitter-max-ms={a.jitter_max_ms}",
+        f"--log-level={a.log_level}",
+    ]
+    return argv + [f"--ice-address={addr}" for addr in a.ice_address]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="cadence", description="Serve full-duplex speech models to many live calls."
+    )
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    serve = sub.add_parser("serve", help="run an engine and a gateway together (the demo)")
+    _engine_options(serve)
+    _gateway_options(serve)
+    serve.add_argument(
+        "--ready-timeout", type=float, default=120.0, help="seconds to wait for the engine"
+    )
+
+    engine = sub.add_parser("engine", help="run the engine process alone")
+    _engine_options(engine)
+    engine.add_argument("--control", type=Path, required=True, help="admission socket path")
+    engine.add_argument("--ring", required=True, help="shared-memory segment name")
+
+    gateway = sub.add_parser("gateway", help="run a gateway process against a running engine")
+    _gateway_options(gateway)
+    gateway.add_argument(
+        "--engine-control", type=Path, required=True, help="the engine's admission socket"
+    )
+
+    for p in (serve, engine, gateway):
+        p.add_argument("--log-level", default="info", choices=["debug", "info", "warning"])
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(
+        level=args.log_level.upper(),
+        format=f"%(asctime)s {args.command:7s} %(levelname)-7s %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
+    try:
+        return _dispatch(args)
+    except ValueError as exc:  # configuration errors: one clear line, no traceback
+        log.error("%s", exc)
+        return 2
+
+
+def _dispatch(args: argparse.Namespace) -> int:
+    if args.command == "serve":
+        from cadence.supervise import Supervisor
+
+        supervisor = Supervisor(_engine_argv(args), _gateway_argv(args), args.ready_timeout)
+        return supervisor.run()
+    if args.command == "engine":
+        from engine.config import EngineConfig
+        from engine.main import run_engine
+
+        return run_engine(
+            EngineConfig(
+                control_path=args.control,
+                ring_name=args.ring,
+                slots=args.slots,
+                model=args.model,
+                executor=args.executor,
+                tick_period_s=args.tick_ms / 1000.0,
+                ring_depth=args.ring_depth,
+                metrics_host=args.metrics_host,
+                metrics_port=args.metrics_port,
+            )
+        )
+    from gateway.config import GatewayConfig
+    from gateway.main import run_gateway
+    from gateway.media.jitter import JitterConfig
+
+    return run_gateway(
+        GatewayConfig(
+            engine_control=args.engine_control,
+            host=args.host,
+            port=args.port,
+            ice_addresses=tuple(args.ice_address),
+            jitter=JitterConfig(
+                min_delay_s=args.jitter_min_ms / 1000.0, max_delay_s=args.jitter_max_ms / 1000.0
+            ),
+        )
+    )

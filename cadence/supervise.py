@@ -1,0 +1,127 @@
+"""`cadence serve`: one engine and one gateway as child processes, started and stopped in order.
+
+The engine starts first and must answer `status` as ready before the gateway starts. On
+Ctrl-C or SIGTERM the gateway stops first (it ends its calls and releases their slots), then
+the engine (it unlinks its shared memory). If either child dies, the other is stopped too and
+serve exits non-zero. Children are told by the kernel to stop if serve itself is killed, so
+no process is left behind.
+"""
+
+import ctypes
+import json
+import logging
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from types import FrameType
+
+log = logging.getLogger(__name__)
+
+PR_SET_PDEATHSIG = 1
+STOP_TIMEOUT_S = 10.0
+
+
+def _die_with_parent() -> None:
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+    os.setpgrp()  # the terminal's Ctrl-C reaches serve only; serve stops children in order
+
+
+def engine_status(control: Path, timeout_s: float = 1.0) -> dict[str, object] | None:
+    """The engine's status reply, or None while its control socket does not answer."""
+    try:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+            sock.settimeout(timeout_s)
+            sock.connect(str(control))
+            sock.sendall(b'{"op": "status"}\n')
+            data = b""
+            while not data.endswith(b"\n"):
+                chunk = sock.recv(65536)
+                if not chunk:
+                    return None
+                data += chunk
+    except OSError:
+        return None
+    reply = json.loads(data)
+    return reply if isinstance(reply, dict) else None
+
+
+class Supervisor:
+    def __init__(self, engine_args: list[str], gateway_args: list[str], ready_timeout_s: float):
+        self.runtime = Path(tempfile.mkdtemp(prefix="cadence-"))
+        self.control = self.runtime / "engine.sock"
+        self.ring_name = f"cadence-{os.getpid()}"
+        self._engine_args = engine_args
+        self._gateway_args = gateway_args
+        self._ready_timeout_s = ready_timeout_s
+        self._stop = False
+        self.engine: subprocess.Popen[bytes] | None = None
+        self.gateway: subprocess.Popen[bytes] | None = None
+
+    def _spawn(self, role: str, args: list[str]) -> "subprocess.Popen[bytes]":
+        cmd = [sys.executable, "-m", "cadence", role, *args]
+        log.debug("starting %s: %s", role, " ".join(cmd))
+        return subprocess.Popen(cmd, preexec_fn=_die_with_parent)
+
+    def _on_signal(self, signum: int, frame: FrameType | None) -> None:
+        self._stop = True
+
+    def run(self) -> int:
+        signal.signal(signal.SIGTERM, self._on_signal)
+        signal.signal(signal.SIGINT, self._on_signal)
+        try:
+            return self._run()
+        finally:
+            self._shutdown()
+
+    def _run(self) -> int:
+        self.engine = self._spawn(
+            "engine", ["--control", str(self.control), "--ring", self.ring_name, *self._engine_args]
+        )
+        if not self._wait_ready(self.engine):
+            return 1
+        self.gateway = self._spawn(
+            "gateway", ["--engine-control", str(self.control), *self._gateway_args]
+        )
+        while not self._stop:
+            for role, child in (("engine", self.engine), ("gateway", self.gateway)):
+                code = child.poll()
+                if code is not None:
+                    log.error("%s exited with status %d: stopping", role, code)
+                    return 1
+            time.sleep(0.1)
+        log.info("stopping")
+        return 0
+
+    def _wait_ready(self, engine: "subprocess.Popen[bytes]") -> bool:
+        deadline = time.monotonic() + self._ready_timeout_s
+        while time.monotonic() < deadline and not self._stop:
+            if engine.poll() is not None:
+                log.error("engine exited with status %d before it was ready", engine.returncode)
+                return False
+            status = engine_status(self.control)
+            if status is not None and status.get("state") == "ready":
+                return True
+            time.sleep(0.05)
+        if not self._stop:
+            log.error("engine was not ready within %.0f s", self._ready_timeout_s)
+        return False
+
+    def _shutdown(self) -> None:
+        for child in (self.gateway, self.engine):
+            if child is None or child.poll() is not None:
+                continue
+            child.send_signal(signal.SIGTERM)
+            try:
+                child.wait(STOP_TIMEOUT_S)
+            except subprocess.TimeoutExpired:
+                log.error("child %d did not stop in %.0f s: killing it", child.pid, STOP_TIMEOUT_S)
+                child.kill()
+                child.wait()
+        shutil.rmtree(self.runtime, ignore_errors=True)

@@ -1,0 +1,164 @@
+"""The admission control socket: newline-delimited JSON over a Unix stream socket.
+
+Requests and replies, one JSON object per line:
+
+    {"op": "hello"}                         -> {"ok": true, "ring": NAME, "slots": S, ...}
+    {"op": "open", "call_id": ID}           -> {"ok": true, "slot": S, "generation": G}
+                                               | {"ok": false, "reason": "full" | "draining"}
+    {"op": "close", "slot": S, "generation": G}  -> {"ok": true, "closed": bool}
+    {"op": "status"}                        -> {"ok": true, "state": ..., "calls": [...], ...}
+    anything else                           -> {"ok": false, "reason": "bad_request", ...}
+
+It runs on its own thread, never on the tick thread. When a connection closes, every slot it
+opened is freed: a gateway that dies cannot leak slots.
+"""
+
+import json
+import logging
+import selectors
+import socket
+import threading
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, Protocol
+
+from engine.slots import Admission, AdmissionRefused, SlotTable
+
+log = logging.getLogger(__name__)
+
+MAX_LINE_BYTES = 64 * 1024
+
+StatusFn = Callable[[], dict[str, Any]]
+
+
+class AdmissionObserver(Protocol):
+    """What the engine does when the table changes (publish to the ring, count)."""
+
+    def opened(self, call_id: str, admission: Admission) -> None: ...
+
+    def refused(self, call_id: str, reason: str) -> None: ...
+
+    def closed(self, slot: int) -> None: ...
+
+
+class ControlServer:
+    def __init__(
+        self,
+        path: Path,
+        table: SlotTable,
+        hello: dict[str, Any],
+        status: StatusFn,
+        observer: AdmissionObserver,
+    ) -> None:
+        self._path = path
+        self._table = table
+        self._hello = hello
+        self._status = status
+        self._observer = observer
+        self._selector = selectors.DefaultSelector()
+        self._buffers: dict[int, bytearray] = {}
+        self._stop = threading.Event()
+        path.unlink(missing_ok=True)
+        self._listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self._listener.bind(str(path))
+        self._listener.listen(64)
+        self._listener.setblocking(False)
+        self._selector.register(self._listener, selectors.EVENT_READ)
+        self._thread = threading.Thread(target=self._serve, name="control", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=2.0)
+        for key in list(self._selector.get_map().values()):
+            self._selector.unregister(key.fileobj)
+            key.fileobj.close()  # type: ignore[union-attr]
+        self._selector.close()
+        self._path.unlink(missing_ok=True)
+
+    def _serve(self) -> None:
+        while not self._stop.is_set():
+            for key, _ in self._selector.select(timeout=0.1):
+                sock = key.fileobj
+                assert isinstance(sock, socket.socket)
+                if sock is self._listener:
+                    self._accept()
+                else:
+                    self._read(sock)
+
+    def _accept(self) -> None:
+        try:
+            conn, _ = self._listener.accept()
+        except BlockingIOError:
+            return
+        conn.setblocking(False)
+        self._buffers[conn.fileno()] = bytearray()
+        self._selector.register(conn, selectors.EVENT_READ)
+
+    def _read(self, conn: socket.socket) -> None:
+        owner = conn.fileno()
+        try:
+            data = conn.recv(65536)
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError:
+            data = b""
+        if not data:
+            self._drop(conn)
+            return
+        buf = self._buffers[owner]
+        buf += data
+        while b"\n" in buf:
+            line, _, rest = bytes(buf).partition(b"\n")
+            buf[:] = rest
+            reply = self._handle(line, owner)
+            try:
+                conn.sendall(json.dumps(reply).encode() + b"\n")
+            except OSError:
+                self._drop(conn)
+                return
+        if len(buf) > MAX_LINE_BYTES:
+            log.warning("control connection sent an over-long line; closing it")
+            self._drop(conn)
+
+    def _drop(self, conn: socket.socket) -> None:
+        owner = conn.fileno()
+        for info in self._table.close_owner(owner):
+            log.info("gateway connection closed: freed slot %d (call %s)", info.slot, info.call_id)
+            self._observer.closed(info.slot)
+        self._buffers.pop(owner, None)
+        self._selector.unregister(conn)
+        conn.close()
+
+    def _handle(self, line: bytes, owner: int) -> dict[str, Any]:
+        try:
+            request = json.loads(line)
+            if not isinstance(request, dict):
+                raise ValueError("a request is a JSON object")
+            op = request.get("op")
+            if op == "hello":
+                return {"ok": True, **self._hello}
+            if op == "status":
+                return {"ok": True, **self._status()}
+            if op == "open":
+                return self._open(str(request["call_id"]), owner)
+            if op == "close":
+                slot, generation = int(request["slot"]), int(request["generation"])
+                closed = self._table.close(slot, generation)
+                if closed:
+                    self._observer.closed(slot)
+                return {"ok": True, "closed": closed}
+            raise ValueError(f"unknown op {op!r}")
+        except (ValueError, KeyError, TypeError) as exc:
+            return {"ok": False, "reason": "bad_request", "detail": str(exc)}
+
+    def _open(self, call_id: str, owner: int) -> dict[str, Any]:
+        try:
+            admission = self._table.open(call_id, owner)
+        except AdmissionRefused as refused:
+            self._observer.refused(call_id, refused.reason)
+            return {"ok": False, "reason": refused.reason}
+        self._observer.opened(call_id, admission)
+        return {"ok": True, "slot": admission.slot, "generation": admission.generation}

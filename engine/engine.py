@@ -1,0 +1,226 @@
+"""The engine: every live call advanced in lockstep, one batched step per tick.
+
+The tick is one function, `tick`, in four phases: gather (the newest unread uplink frame of
+every live slot from shared memory), step (the executor over all slots, empty ones masked),
+scatter (publish one downlink frame per live slot), observe (time, deadline, counters). It
+runs on the main thread on absolute deadlines; admission happens on the control thread and
+reaches the tick only through the slot table's snapshot.
+"""
+
+import logging
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from engine.clock import TickClock, sleep_until
+from engine.executors import Executor
+from engine.metrics import EngineMetrics
+from engine.ring import EngineState, SharedRing, SlotState
+from engine.slots import Admission, SlotTable
+
+log = logging.getLogger(__name__)
+
+PCM_SCALE = 1.0 / 32768.0
+
+
+@dataclass(frozen=True)
+class TickReport:
+    tick: int
+    live: int
+    duration_s: float  # release -> outputs published
+    missed: bool
+
+
+class Engine:
+    def __init__(
+        self,
+        executor: Executor,
+        ring: SharedRing,
+        table: SlotTable,
+        metrics: EngineMetrics,
+        period_ns: int,
+    ) -> None:
+        model = executor.model
+        slots, samples = model.slots, model.frame.samples
+        if ring.spec.slots != slots or ring.spec.frame_samples != samples:
+            raise ValueError("ring and model disagree on slots or frame size")
+        self.executor = executor
+        self.ring = ring
+        self.table = table
+        self.metrics = metrics
+        self.period_ns = period_ns
+        self.clock = TickClock(0, period_ns)
+        self.ticks_run = 0
+        self.ticks_missed = 0
+        self.stall_next_tick_s = 0.0  # test hook: sleep this long inside the next tick
+        self._uplink_i16 = np.zeros((slots, samples), np.int16)
+        self._pcm_in = np.zeros((slots, samples), np.float32)
+        self._downlink_i16 = np.zeros((slots, samples), np.int16)
+        self._last_uplink = np.zeros(slots, np.uint64)  # frame number consumed per slot
+        self._media_started = np.zeros(slots, np.bool_)  # a frame arrived for this call
+        self._downlink_frame = np.zeros(slots, np.uint64)  # frame number published per slot
+        self._live_now = np.zeros(slots, np.bool_)
+        metrics.slots_capacity.set(slots)
+        metrics.info.info({"model": model.name, "executor": executor.name})
+
+    # -- admission (control thread) ----------------------------------------------------------
+
+    def opened(self, call_id: str, admission: Admission) -> None:
+        ctrl = self.ring.control[admission.slot]
+        ctrl["generation"] = admission.generation
+        ctrl["state"] = SlotState.LIVE
+        self.metrics.admissions.labels("accepted").inc()
+        self.metrics.slots_live.set(self.table.live_count)
+        log.info("call %s opened slot %d gen %d", call_id, admission.slot, admission.generation)
+
+    def refused(self, call_id: str, reason: str) -> None:
+        self.metrics.admissions.labels(reason).inc()
+        log.info("call %s refused: %s", call_id, reason)
+
+    def closed(self, slot: int) -> None:
+        ctrl = self.ring.control[slot]
+        ctrl["state"] = SlotState.FREE
+        ctrl["generation"] = 0  # a stale writer sees this and stops
+        self.metrics.slots_live.set(self.table.live_count)
+
+    # -- the tick (main thread) --------------------------------------------------------------
+
+    def tick(self, tick: int) -> TickReport:
+        release_ns = self.clock.release_ns(tick)
+        t_start = time.perf_counter()
+
+        # gather
+        snap = self.table.snapshot()
+        live, reset = snap.live, snap.reset
+        self._reset_rows(reset)
+        taken = self.ring.gather_uplink(snap.generations, self._last_uplink, self._uplink_i16)
+        got = live & (taken > 0)
+        skipped = np.where(got & (self._last_uplink > 0), taken - self._last_uplink - 1, 0)
+        self._last_uplink[got] = taken[got]
+        self._media_started |= got
+        underrun = live & self._media_started & ~got
+        np.multiply(self._uplink_i16, PCM_SCALE, out=self._pcm_in, casting="unsafe")
+        self._pcm_in[~got] = 0.0
+        t_gathered = time.perf_counter()
+
+        # step
+        out = self.executor.run(self._pcm_in, reset, live)
+        if self.stall_next_tick_s:
+            time.sleep(self.stall_next_tick_s)
+            self.stall_next_tick_s = 0.0
+        t_stepped = time.perf_counter()
+
+        # scatter
+        rows = np.flatnonzero(live)
+        self._downlink_frame[rows] += 1
+        stamps = (snap.generations[rows] << np.uint64(32)) | self._downlink_frame[rows]
+        np.clip(out.pcm, -1.0, 32767.0 / 32768.0, out=out.pcm)
+        np.multiply(out.pcm, 32768.0, out=self._downlink_i16, casting="unsafe")
+        self.ring.scatter_downlink(rows, stamps, self._downlink_i16[rows], out.tokens[rows])
+        published_ns = time.monotonic_ns()
+        t_scattered = time.perf_counter()
+
+        # observe
+        missed = published_ns > self.clock.deadline_ns(tick)
+        self._observe(tick, rows, underrun, skipped, missed, published_ns)
+        m = self.metrics
+        m.phase_duration.labels("gather").observe(t_gathered - t_start)
+        m.phase_duration.labels("step").observe(t_stepped - t_gathered)
+        m.phase_duration.labels("scatter").observe(t_scattered - t_stepped)
+        duration_s = (published_ns - release_ns) / 1e9
+        m.tick_duration.observe(duration_s)
+        return TickReport(tick, int(rows.size), duration_s, missed)
+
+    def _reset_rows(self, reset: np.ndarray[Any, np.dtype[np.bool_]]) -> None:
+        if not reset.any():
+            return
+        self._last_uplink[reset] = 0
+        self._media_started[reset] = False
+        self._downlink_frame[reset] = 0
+        ctrl = self.ring.control
+        for field in ("ticks", "misses", "underruns", "overruns", "uplink_frames"):
+            ctrl[field][reset] = 0
+        ctrl["downlink_frames"][reset] = 0
+
+    def _observe(
+        self,
+        tick: int,
+        rows: np.ndarray[Any, np.dtype[np.intp]],
+        underrun: np.ndarray[Any, np.dtype[np.bool_]],
+        skipped: np.ndarray[Any, np.dtype[np.uint64]],
+        missed: bool,
+        published_ns: int,
+    ) -> None:
+        ctrl = self.ring.control
+        ctrl["ticks"][rows] += 1
+        ctrl["downlink_frames"][rows] += 1
+        ctrl["underruns"][underrun] += 1
+        ctrl["overruns"] += skipped
+        ctrl["uplink_frames"][rows] = self._last_uplink[rows]
+        m = self.metrics
+        m.ticks.inc()
+        m.call_ticks.inc(int(rows.size))
+        m.underruns.inc(int(underrun.sum()))
+        m.overruns.inc(int(skipped.sum()))
+        self.ticks_run += 1
+        if missed:
+            self._count_misses(1, rows)
+        self.ring.beat(tick, published_ns)
+        m.heartbeat.set(published_ns / 1e9)
+
+    def _count_misses(self, ticks: int, rows: np.ndarray[Any, np.dtype[np.intp]]) -> None:
+        self.ticks_missed += ticks
+        self.ring.control["misses"][rows] += ticks
+        self.metrics.deadline_misses.inc(ticks)
+        self.metrics.call_deadline_misses.inc(ticks * int(rows.size))
+
+    # -- the loop ----------------------------------------------------------------------------
+
+    def run(self, stop: threading.Event) -> None:
+        """Tick on absolute deadlines until `stop` is set."""
+        t0 = time.monotonic_ns() + self.period_ns
+        self.clock = TickClock(t0, self.period_ns)
+        self.ring.set_clock(t0)
+        self.ring.set_engine_state(EngineState.READY)
+        log.info("engine ready: %d slots, tick %.1f ms", self.table.capacity, self.period_ns / 1e6)
+        tick = -1
+        while not stop.is_set():
+            tick, skipped = self.clock.next_tick(tick, time.monotonic_ns())
+            if skipped:
+                log.warning("engine fell behind: skipped %d ticks", skipped)
+                self._count_misses(skipped, np.flatnonzero(self.table.live_mask()))
+            sleep_until(self.clock.release_ns(tick))
+            report = self.tick(tick)
+            if report.missed:
+                log.warning("tick %d missed its deadline (%.1f ms)", tick, report.duration_s * 1e3)
+
+    def status(self) -> dict[str, Any]:
+        ctrl = self.ring.control
+        calls = []
+        for info in self.table.calls():
+            row = ctrl[info.slot]
+            calls.append(
+                {
+                    "call_id": info.call_id,
+                    "slot": info.slot,
+                    "generation": info.generation,
+                    "age_s": round(time.monotonic() - info.opened_monotonic_s, 3),
+                    "ticks": int(row["ticks"]),
+                    "misses": int(row["misses"]),
+                    "underruns": int(row["underruns"]),
+                    "overruns": int(row["overruns"]),
+                }
+            )
+        return {
+            "state": self.ring.engine_state().name.lower(),
+            "model": self.executor.model.name,
+            "executor": self.executor.name,
+            "slots": self.table.capacity,
+            "live": len(calls),
+            "ticks": self.ticks_run,
+            "misses": self.ticks_missed,
+            "calls": calls,
+        }

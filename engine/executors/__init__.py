@@ -1,0 +1,26 @@
+"""Executors run a model's step each tick; all of them must give the same tokens."""
+
+from typing import Protocol
+
+from engine.models.base import Mask, Model, PcmBatch, StepOutput
+
+
+class Executor(Protocol):
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def model(self) -> Model: ...
+
+    def run(self, pcm_in: PcmBatch, reset: Mask, active: Mask) -> StepOutput: ...
+
+
+EXECUTORS = ("eager",)
+
+
+def build_executor(name: str, model: Model) -> Executor:
+    from engine.executors.eager import EagerExecutor
+
+    if name == "eager":
+        return EagerExecutor(model)
+    raise ValueError(f"unknown executor {name!r}; choose one of {', '.join(EXECUTORS)}")

@@ -1,0 +1,16 @@
+"""The eager executor: calls the model's step as it is, once per tick.
+
+It is the reference the graph and persistent executors are held to: same model, same tokens.
+"""
+
+from engine.models.base import Mask, Model, PcmBatch, StepOutput
+
+
+class EagerExecutor:
+    name = "eager"
+
+    def __init__(self, model: Model) -> None:
+        self.model = model
+
+    def run(self, pcm_in: PcmBatch, reset: Mask, active: Mask) -> StepOutput:
+        return self.model.step(pcm_in, reset, active)

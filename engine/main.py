@@ -1,0 +1,70 @@
+"""The engine process: build the model, the ring and the control socket, then tick."""
+
+import logging
+import os
+import signal
+import threading
+from types import FrameType
+
+from prometheus_client import start_http_server
+
+from engine.config import EngineConfig
+from engine.control import ControlServer
+from engine.engine import Engine
+from engine.executors import build_executor
+from engine.metrics import EngineMetrics
+from engine.models import build_model
+from engine.ring import EngineState, RingSpec, SharedRing
+from engine.slots import SlotTable
+
+log = logging.getLogger(__name__)
+
+
+def run_engine(config: EngineConfig) -> int:
+    model = build_model(config.model, config.slots)
+    executor = build_executor(config.executor, model)
+    spec = RingSpec(
+        slots=config.slots,
+        frame_samples=model.frame.samples,
+        sample_rate=model.frame.sample_rate,
+        tokens=model.frame.tokens,
+        depth=config.ring_depth,
+        tick_period_ns=config.tick_period_ns,
+    )
+    ring = SharedRing.create(config.ring_name, spec)
+    stop = threading.Event()
+
+    def on_signal(signum: int, frame: FrameType | None) -> None:
+        log.info("engine got %s: stopping", signal.Signals(signum).name)
+        stop.set()
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    control: ControlServer | None = None
+    try:
+        metrics = EngineMetrics()
+        if config.metrics_port:
+            start_http_server(config.metrics_port, config.metrics_host, registry=metrics.registry)
+        table = SlotTable(config.slots)
+        engine = Engine(executor, ring, table, metrics, config.tick_period_ns)
+        hello = {
+            "ring": ring.name,
+            "slots": config.slots,
+            "model": model.name,
+            "executor": executor.name,
+            "sample_rate": model.frame.sample_rate,
+            "frame_samples": model.frame.samples,
+            "pid": os.getpid(),
+        }
+        control = ControlServer(config.control_path, table, hello, engine.status, engine)
+        control.start()
+        engine.run(stop)
+        ring.set_engine_state(EngineState.DRAINING)
+        table.draining = True
+    finally:
+        if control is not None:
+            control.stop()
+        ring.set_engine_state(EngineState.STOPPED)
+        ring.close()
+        log.info("engine stopped; shared memory %s unlinked", config.ring_name)
+    return 0

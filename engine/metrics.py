@@ -1,0 +1,73 @@
+"""Every Prometheus metric of the engine process, in one registry.
+
+Names follow cadence_engine_<what>_<unit>; labels are bounded (phase, reason, outcome).
+"""
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info
+
+# Buckets in seconds around the 80 ms tick, with one at exactly 0.08 (the deadline).
+TICK_BUCKETS = (0.001, 0.002, 0.005, 0.01, 0.02, 0.03, 0.04, 0.05, 0.06, 0.07, 0.08, 0.1, 0.16)
+PHASE_BUCKETS = (0.0001, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.04, 0.08, 0.16)
+
+
+class EngineMetrics:
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.info = Info("cadence_engine", "Model and executor this engine serves.", registry=r)
+        self.ticks = Counter(
+            "cadence_engine_ticks_total", "Ticks run (batched steps over all slots).", registry=r
+        )
+        self.deadline_misses = Counter(
+            "cadence_engine_deadline_misses_total",
+            "Ticks whose outputs were published after their deadline, or never run.",
+            registry=r,
+        )
+        self.call_deadline_misses = Counter(
+            "cadence_engine_call_deadline_misses_total",
+            "Per-call frames published late or skipped, summed over calls.",
+            registry=r,
+        )
+        self.call_ticks = Counter(
+            "cadence_engine_call_ticks_total",
+            "Per-call frames served, summed over calls (session-ticks).",
+            registry=r,
+        )
+        self.underruns = Counter(
+            "cadence_engine_underruns_total",
+            "Per-call ticks with no fresh uplink frame after media started (fed silence).",
+            registry=r,
+        )
+        self.overruns = Counter(
+            "cadence_engine_uplink_overruns_total",
+            "Uplink frames skipped because a newer frame was already waiting.",
+            registry=r,
+        )
+        self.tick_duration = Histogram(
+            "cadence_engine_tick_duration_seconds",
+            "Time from a tick's release to its outputs being published.",
+            buckets=TICK_BUCKETS,
+            registry=r,
+        )
+        self.phase_duration = Histogram(
+            "cadence_engine_phase_duration_seconds",
+            "Time spent in each phase of the tick.",
+            ["phase"],
+            buckets=PHASE_BUCKETS,
+            registry=r,
+        )
+        self.slots_live = Gauge("cadence_engine_slots_live", "Slots holding a call.", registry=r)
+        self.slots_capacity = Gauge(
+            "cadence_engine_slots_capacity", "Slots the engine was configured with.", registry=r
+        )
+        self.admissions = Counter(
+            "cadence_engine_admissions_total",
+            "Call admission decisions by outcome (accepted, full, draining).",
+            ["outcome"],
+            registry=r,
+        )
+        self.heartbeat = Gauge(
+            "cadence_engine_heartbeat_seconds",
+            "Monotonic time of the last completed tick.",
+            registry=r,
+        )

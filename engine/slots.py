@@ -1,0 +1,120 @@
+"""The slot table: which call owns which row of the batch, under which generation.
+
+The engine is the only owner of the table. The control thread opens and closes calls; the
+tick thread takes one consistent snapshot per tick. A slot opened since the last snapshot is
+reported once in the snapshot's reset mask, so the model clears that row before using it.
+Generations come from one counter that starts at 1 and never repeats while the engine lives,
+so a stale (slot, generation) pair can never match a later call.
+"""
+
+import threading
+import time
+from dataclasses import dataclass
+
+import numpy as np
+from numpy.typing import NDArray
+
+
+class AdmissionRefused(Exception):
+    """open() could not place the call; `reason` is a bounded label: full or draining."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+@dataclass(frozen=True)
+class Admission:
+    slot: int
+    generation: int
+
+
+@dataclass(frozen=True)
+class SlotInfo:
+    slot: int
+    generation: int
+    call_id: str
+    owner: int
+    opened_monotonic_s: float
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    live: NDArray[np.bool_]  # [S] a call holds the row
+    reset: NDArray[np.bool_]  # [S] the row starts a new call this tick
+    generations: NDArray[np.uint64]  # [S] live generation, 0 for free rows
+
+
+class SlotTable:
+    def __init__(self, slots: int) -> None:
+        if slots < 1:
+            raise ValueError("an engine needs at least one slot")
+        self.capacity = slots
+        self._lock = threading.Lock()
+        self._calls: dict[int, SlotInfo] = {}
+        self._pending_reset = np.zeros(slots, np.bool_)
+        self._next_generation = 1
+        self.draining = False
+
+    def open(self, call_id: str, owner: int) -> Admission:
+        with self._lock:
+            if self.draining:
+                raise AdmissionRefused("draining")
+            free = next((s for s in range(self.capacity) if s not in self._calls), None)
+            if free is None:
+                raise AdmissionRefused("full")
+            generation = self._next_generation
+            self._next_generation += 1
+            self._calls[free] = SlotInfo(free, generation, call_id, owner, time.monotonic())
+            self._pending_reset[free] = True
+            return Admission(free, generation)
+
+    def close(self, slot: int, generation: int) -> bool:
+        """Free the slot if it still belongs to `generation`; a stale close is ignored."""
+        with self._lock:
+            info = self._calls.get(slot)
+            if info is None or info.generation != generation:
+                return False
+            del self._calls[slot]
+            self._pending_reset[slot] = False
+            return True
+
+    def close_owner(self, owner: int) -> list[SlotInfo]:
+        """Free every slot opened by one control connection (its gateway went away)."""
+        with self._lock:
+            gone = [info for info in self._calls.values() if info.owner == owner]
+            for info in gone:
+                del self._calls[info.slot]
+                self._pending_reset[info.slot] = False
+            return gone
+
+    def snapshot(self) -> Snapshot:
+        with self._lock:
+            live = np.zeros(self.capacity, np.bool_)
+            generations = np.zeros(self.capacity, np.uint64)
+            for slot, info in self._calls.items():
+                live[slot] = True
+                generations[slot] = info.generation
+            reset = self._pending_reset.copy()
+            self._pending_reset[:] = False
+            return Snapshot(live, reset, generations)
+
+    def live_mask(self) -> NDArray[np.bool_]:
+        with self._lock:
+            live = np.zeros(self.capacity, np.bool_)
+            live[list(self._calls)] = True
+            return live
+
+    def calls(self) -> list[SlotInfo]:
+        with self._lock:
+            return sorted(self._calls.values(), key=lambda info: info.slot)
+
+    def generation_of(self, slot: int) -> int:
+        with self._lock:
+            info = self._calls.get(slot)
+            return 0 if info is None else info.generation
+
+    @property
+    def live_count(self) -> int:
+        with self._lock:
+            return len(self._calls)

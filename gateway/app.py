@@ -1,0 +1,129 @@
+"""The gateway's HTTP surface: the call API, health, metrics and the demo page.
+
+    POST   /v1/calls        {"sdp": OFFER, "type": "offer"} -> 201 {"id", "sdp", "type"}
+    GET    /v1/calls        live calls with their per-call records
+    GET    /v1/calls/{id}   one call's record
+    DELETE /v1/calls/{id}   hang up; 200 with the final record
+    GET    /healthz         200 while the engine ticks, 503 otherwise
+    GET    /metrics         Prometheus exposition
+    GET    /                the demo page (web/)
+
+Errors are JSON {"error": CODE, "detail": TEXT} with a fitting status: 400 for a bad request
+or offer, 404 for an unknown call, 503 with Retry-After when the engine is full, draining or
+down.
+"""
+
+import json
+import logging
+import time
+from typing import Any
+
+from aiohttp import web
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from engine.ring import EngineState
+from gateway.calls import CallRefused, CallRegistry
+from gateway.webrtc import OfferError
+
+log = logging.getLogger(__name__)
+
+CALLS: web.AppKey[CallRegistry] = web.AppKey("calls", CallRegistry)
+MAX_OFFER_BYTES = 64 * 1024
+RETRY_AFTER_S = {"full": 5, "draining": 30, "unavailable": 10}
+STALE_HEARTBEAT_S = 1.0
+
+
+def error(status: int, code: str, detail: str, headers: dict[str, str] | None = None) -> web.Response:
+    return web.json_response({"error": code, "detail": detail}, status=status, headers=headers)
+
+
+async def create_call(request: web.Request) -> web.Response:
+    calls = request.app[CALLS]
+    try:
+        body = await request.json(loads=json.loads)
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        return error(400, "bad_request", "the body must be JSON: {\"sdp\": ..., \"type\": \"offer\"}")
+    if not isinstance(body, dict) or not isinstance(body.get("sdp"), str):
+        return error(400, "bad_request", "the body needs an \"sdp\" string")
+    if body.get("type", "offer") != "offer":
+        return error(400, "bad_request", "only SDP offers are accepted")
+    if len(body["sdp"]) > MAX_OFFER_BYTES:
+        return error(400, "bad_request", "the offer is too large")
+    try:
+        call, answer_sdp = await calls.start_webrtc(body["sdp"])
+    except CallRefused as refused:
+        retry = str(RETRY_AFTER_S.get(refused.reason, 10))
+        return error(503, f"engine_{refused.reason}", str(refused), {"Retry-After": retry})
+    except OfferError as exc:
+        return error(400, "bad_offer", str(exc))
+    return web.json_response({"id": call.id, "sdp": answer_sdp, "type": "answer"}, status=201)
+
+
+async def list_calls(request: web.Request) -> web.Response:
+    calls = request.app[CALLS]
+    return web.json_response({"calls": [calls.record(c) for c in calls.calls.values()]})
+
+
+async def get_call(request: web.Request) -> web.Response:
+    calls = request.app[CALLS]
+    call = calls.calls.get(request.match_info["call_id"])
+    if call is None:
+        return error(404, "not_found", "no such live call")
+    return web.json_response(calls.record(call))
+
+
+async def delete_call(request: web.Request) -> web.Response:
+    calls = request.app[CALLS]
+    record = await calls.end(request.match_info["call_id"], "hangup")
+    if record is None:
+        return error(404, "not_found", "no such live call")
+    return web.json_response(record)
+
+
+async def healthz(request: web.Request) -> web.Response:
+    calls = request.app[CALLS]
+    state, age = engine_health(calls)
+    body: dict[str, Any] = {
+        "engine": state,
+        "heartbeat_age_s": round(age, 3),
+        "calls": len(calls.calls),
+        "slots": calls.ring.spec.slots,
+    }
+    ok = state == "ready" and calls.engine.connected and age < STALE_HEARTBEAT_S
+    body["status"] = "ok" if ok else "unhealthy"
+    return web.json_response(body, status=200 if ok else 503)
+
+
+def engine_health(calls: CallRegistry) -> tuple[str, float]:
+    _, beat_ns = calls.ring.heartbeat()
+    age = time.monotonic() - beat_ns / 1e9
+    try:
+        state = calls.ring.engine_state().name.lower()
+    except ValueError:
+        state = "unknown"
+    if not calls.engine.connected:
+        state = EngineState.STOPPED.name.lower()
+    return state, age
+
+
+async def metrics(request: web.Request) -> web.Response:
+    body = generate_latest(request.app[CALLS].metrics.registry)
+    return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+
+async def index(request: web.Request) -> web.FileResponse:
+    return web.FileResponse(request.app[CALLS].config.web_root / "index.html")
+
+
+def build_app(calls: CallRegistry) -> web.Application:
+    app = web.Application(client_max_size=MAX_OFFER_BYTES * 2)
+    app[CALLS] = calls
+    app.router.add_post("/v1/calls", create_call)
+    app.router.add_get("/v1/calls", list_calls)
+    app.router.add_get("/v1/calls/{call_id}", get_call)
+    app.router.add_delete("/v1/calls/{call_id}", delete_call)
+    app.router.add_get("/healthz", healthz)
+    app.router.add_get("/metrics", metrics)
+    app.router.add_get("/", index)
+    app.router.add_static("/static", calls.config.web_root)
+    return app

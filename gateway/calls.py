@@ -1,0 +1,216 @@
+"""Live calls of one gateway: admission, media, per-call records, and the end of a call.
+
+A call is admitted by the engine (a slot lease) before its transport is answered, and every
+way a call ends (hang-up API, peer gone, engine gone, gateway stopping) goes through `end`,
+which releases the slot once and logs one JSON summary line.
+"""
+
+import asyncio
+import json
+import logging
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+from aiortc import RTCPeerConnection
+
+from engine.ring import SharedRing
+from gateway.config import GatewayConfig
+from gateway.engine_client import EngineClient, EngineRefused, EngineUnavailable, SlotLease
+from gateway.media.clock import PumpGrid
+from gateway.media.downlink import Downlink
+from gateway.media.jitter import JitterCounters
+from gateway.media.opus import OpusDecoder
+from gateway.media.session import MediaSession
+from gateway.media.uplink import Uplink
+from gateway.metrics import GatewayMetrics
+from gateway.webrtc import OPUS_RATE, PACKET_SAMPLES, answer
+
+log = logging.getLogger(__name__)
+
+
+class CallRefused(Exception):
+    """No call was set up; `reason` is full, draining or unavailable."""
+
+    def __init__(self, reason: str, detail: str) -> None:
+        super().__init__(detail)
+        self.reason = reason
+
+
+@dataclass
+class Call:
+    id: str
+    transport: str
+    lease: SlotLease
+    session: MediaSession
+    started_wall_s: float = field(default_factory=time.time)
+    started_s: float = field(default_factory=time.monotonic)
+    state: str = "connecting"
+    end_reason: str | None = None
+    pc: RTCPeerConnection | None = None
+    reported: JitterCounters = field(default_factory=JitterCounters)
+
+
+class CallRegistry:
+    def __init__(
+        self,
+        config: GatewayConfig,
+        engine: EngineClient,
+        ring: SharedRing,
+        grid: PumpGrid,
+        metrics: GatewayMetrics,
+    ) -> None:
+        self.config = config
+        self.engine = engine
+        self.ring = ring
+        self.grid = grid
+        self.metrics = metrics
+        self.calls: dict[str, Call] = {}
+
+    # -- lifecycle ---------------------------------------------------------------------------
+
+    async def start_webrtc(self, offer_sdp: str) -> tuple[Call, str]:
+        t0 = time.monotonic()
+        call_id = uuid.uuid4().hex[:16]
+        lease = await self._admit(call_id)
+        spec = self.ring.spec
+        uplink = Uplink(
+            OpusDecoder(OPUS_RATE),
+            self.config.jitter,
+            model_rate=spec.sample_rate,
+            frame_samples=spec.frame_samples,
+            pump_period_s=self.grid.step_s,
+        )
+        downlink = Downlink(
+            spec.sample_rate, OPUS_RATE, PACKET_SAMPLES, self.config.send_queue_max_s
+        )
+        call = Call(call_id, "webrtc", lease, MediaSession(self.ring, lease, uplink, downlink))
+
+        async def on_state(state: str) -> None:
+            if state == "connected":
+                call.state = "live"
+            elif state in ("failed", "closed"):
+                await self.end(call_id, f"peer_{state}")
+
+        try:
+            call.pc, answer_sdp = await answer(offer_sdp, uplink, downlink, self.grid, on_state)
+        except BaseException:
+            await self._release(lease)
+            raise
+        self.calls[call_id] = call
+        self.metrics.calls_active.labels("webrtc").inc()
+        self.metrics.setup_duration.labels("webrtc").observe(time.monotonic() - t0)
+        log.info("call %s answered on slot %d gen %d", call_id, lease.slot, lease.generation)
+        return call, answer_sdp
+
+    async def _admit(self, call_id: str) -> SlotLease:
+        try:
+            return await self.engine.open(call_id)
+        except EngineRefused as refused:
+            self.metrics.admission_refusals.labels(refused.reason).inc()
+            raise CallRefused(refused.reason, f"engine refused the call: {refused.reason}") from None
+        except EngineUnavailable as exc:
+            self.metrics.admission_refusals.labels("unavailable").inc()
+            raise CallRefused("unavailable", str(exc)) from None
+
+    async def _release(self, lease: SlotLease) -> None:
+        try:
+            await self.engine.release(lease)
+        except EngineUnavailable:
+            pass  # the engine frees every slot of a gateway whose socket closed
+
+    async def end(self, call_id: str, reason: str) -> dict[str, Any] | None:
+        """End a call once, whoever asks; returns its final record."""
+        call = self.calls.pop(call_id, None)
+        if call is None:
+            return None
+        record = self.record(call)  # before the slot is released: its counters are final
+        call.state = "ended"
+        call.end_reason = reason
+        call.session.closed = True
+        record.update(state="ended", end_reason=reason)
+        self._report_media(call)
+        await self._release(call.lease)
+        if call.pc is not None:
+            await call.pc.close()
+        outcome = "completed" if reason in ("hangup", "peer_closed") else "failed"
+        self.metrics.calls_active.labels(call.transport).dec()
+        self.metrics.calls.labels(call.transport, outcome).inc()
+        log.info("call summary %s", json.dumps(record, sort_keys=True))
+        return record
+
+    async def end_all(self, reason: str) -> None:
+        await asyncio.gather(*(self.end(call_id, reason) for call_id in list(self.calls)))
+
+    # -- media clock -------------------------------------------------------------------------
+
+    def pump(self, index: int, now_s: float) -> None:
+        completes = self.grid.completes_frame(index)
+        for call in self.calls.values():
+            call.session.pump(completes, now_s)
+            self.metrics.send_queue.observe(call.session.downlink.queued_s)
+            if completes:
+                self._report_media(call)
+
+    def _report_media(self, call: Call) -> None:
+        uplink = call.session.uplink
+        for delay in uplink.take_delays():
+            self.metrics.jitter_delay.labels(call.transport).observe(delay)
+        now, before = uplink.jitter.counters, call.reported
+        for kind in ("played", "lost", "late", "duplicate", "dropped"):
+            delta = getattr(now, kind) - getattr(before, kind)
+            if delta:
+                self.metrics.packets.labels(call.transport, kind).inc(delta)
+        concealed = now.lost + now.empty + now.stretched
+        previous = before.lost + before.empty + before.stretched
+        if concealed > previous:
+            self.metrics.concealed.labels(call.transport).inc(concealed - previous)
+        call.reported = JitterCounters(**vars(now))
+
+    # -- records -----------------------------------------------------------------------------
+
+    def record(self, call: Call) -> dict[str, Any]:
+        """The live per-call record served by GET /v1/calls/{id}."""
+        session = call.session
+        jitter = session.uplink.jitter
+        delays = np.fromiter(jitter.recent_delays_s, float)
+        engine: dict[str, int] = {}
+        ctrl = self.ring.control[call.lease.slot]
+        if int(ctrl["generation"]) == call.lease.generation:
+            for key in ("ticks", "misses", "underruns", "overruns"):
+                engine[key] = int(ctrl[key])
+        return {
+            "id": call.id,
+            "transport": call.transport,
+            "state": call.state,
+            "slot": call.lease.slot,
+            "generation": call.lease.generation,
+            "started_at": round(call.started_wall_s, 3),
+            "duration_s": round(time.monotonic() - call.started_s, 3),
+            "engine": engine,
+            "jitter_buffer": {
+                **vars(jitter.counters),
+                "target_delay_s": round(jitter.target_delay_s, 4),
+                "delay_p50_s": _percentile(delays, 50),
+                "delay_p95_s": _percentile(delays, 95),
+                "concealed": session.uplink.concealed,
+            },
+            "uplink": {
+                "frames": session.counters.frames_sent,
+                "padded_samples": session.uplink.framer.counters.padded_samples,
+                "dropped_samples": session.uplink.framer.counters.dropped_samples,
+            },
+            "downlink": {
+                "frames": session.downlink.frames,
+                "queued_s": round(session.downlink.queued_s, 4),
+                "silent_packets": session.downlink.silent_packets,
+                "dropped_samples": session.downlink.dropped_samples,
+                "skipped_frames": session.downlink_skipped,
+            },
+        }
+
+
+def _percentile(values: np.ndarray[Any, np.dtype[np.float64]], q: float) -> float | None:
+    return None if values.size == 0 else round(float(np.percentile(values, q)), 4)

@@ -1,0 +1,34 @@
+"""The gateway process's one typed configuration, validated when built."""
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from gateway.media.jitter import JitterConfig
+
+WEB_ROOT = Path(__file__).resolve().parent.parent / "web"
+
+
+@dataclass(frozen=True)
+class GatewayConfig:
+    engine_control: Path  # the engine's admission socket
+    host: str = "127.0.0.1"
+    port: int = 8080
+    web_root: Path = WEB_ROOT
+    ice_addresses: tuple[str, ...] = ()  # host candidates to offer; empty: every interface
+    jitter: JitterConfig = field(default_factory=JitterConfig)
+    pumps_per_tick: int = 4  # the receive path runs every 20 ms of an 80 ms tick
+    pump_lead_s: float = 0.015  # the frame is in the ring this long before the tick
+    send_queue_max_s: float = 0.2
+    engine_wait_s: float = 30.0  # how long to wait for the engine at start
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.port <= 65535:
+            raise ValueError(f"invalid port {self.port}")
+        if not self.web_root.is_dir():
+            raise ValueError(f"web root {self.web_root} is not a directory")
+        if self.pumps_per_tick < 1:
+            raise ValueError("pumps_per_tick must be at least 1")
+        if not 0.0 <= self.pump_lead_s < 0.04:
+            raise ValueError("pump_lead_s must be in [0, 40 ms)")
+        if self.send_queue_max_s < 0.08:
+            raise ValueError("send_queue_max_s must hold at least one 80 ms frame")

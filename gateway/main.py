@@ -1,0 +1,112 @@
+"""The gateway process: attach to the engine, serve HTTP/WebRTC, pump media on the tick grid."""
+
+import asyncio
+import contextlib
+import logging
+import signal
+import time
+
+from aiohttp import web
+
+from engine.ring import EngineState, SharedRing
+from gateway.app import build_app, engine_health
+from gateway.calls import CallRegistry
+from gateway.config import GatewayConfig
+from gateway.engine_client import EngineClient, EngineUnavailable
+from gateway.ice import restrict_host_candidates
+from gateway.media.clock import PumpGrid
+from gateway.metrics import GatewayMetrics
+from gateway.pump import run_media_clock
+
+log = logging.getLogger(__name__)
+
+WATCH_PERIOD_S = 0.5
+STALE_HEARTBEAT_S = 1.0
+
+
+def run_gateway(config: GatewayConfig) -> int:
+    return asyncio.run(_serve(config))
+
+
+async def attach_engine(
+    config: GatewayConfig, client: EngineClient, wait_s: float
+) -> tuple[SharedRing, PumpGrid]:
+    """Connect to the engine's control socket and ring, waiting up to wait_s for it."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        try:
+            hello = await client.connect()
+            ring = SharedRing.attach(str(hello["ring"]))
+            break
+        except EngineUnavailable:
+            if time.monotonic() > deadline:
+                raise
+            await asyncio.sleep(0.2)
+    while ring.engine_state() is not EngineState.READY:
+        if time.monotonic() > deadline:
+            ring.close()
+            raise EngineUnavailable("the engine did not become ready in time")
+        await asyncio.sleep(0.05)
+    t0_ns, period_ns = ring.clock()
+    grid = PumpGrid(t0_ns / 1e9, period_ns / 1e9, config.pumps_per_tick, config.pump_lead_s)
+    log.info("attached to engine ring %s (%d slots)", ring.name, ring.spec.slots)
+    return ring, grid
+
+
+async def _watch_engine(calls: CallRegistry, clock_task: list["asyncio.Task[None]"]) -> None:
+    """End every call when the engine goes away, then wait for one to come back."""
+    metrics = calls.metrics
+    while True:
+        await asyncio.sleep(WATCH_PERIOD_S)
+        state, age = engine_health(calls)
+        up = calls.engine.connected and state == "ready" and age < STALE_HEARTBEAT_S
+        metrics.engine_up.set(1 if up else 0)
+        if up:
+            continue
+        log.error("engine is down (state %s, heartbeat %.1f s old): ending calls", state, age)
+        await calls.end_all("engine_down")
+        await calls.engine.close()
+        try:
+            ring, grid = await attach_engine(calls.config, calls.engine, wait_s=3600.0)
+        except EngineUnavailable:
+            continue
+        clock_task[0].cancel()
+        calls.ring.close()
+        calls.ring, calls.grid = ring, grid
+        clock_task[0] = asyncio.create_task(run_media_clock(calls))
+
+
+async def _serve(config: GatewayConfig) -> int:
+    if config.ice_addresses:
+        restrict_host_candidates(config.ice_addresses)
+    client = EngineClient(config.engine_control)
+    ring, grid = await attach_engine(config, client, config.engine_wait_s)
+    metrics = GatewayMetrics()
+    metrics.engine_up.set(1)
+    calls = CallRegistry(config, client, ring, grid, metrics)
+    runner = web.AppRunner(build_app(calls), access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, config.host, config.port)
+    await site.start()
+    log.info("gateway listening on http://%s:%d", config.host, config.port)
+
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    clock_task = [asyncio.create_task(run_media_clock(calls))]
+    watch = asyncio.create_task(_watch_engine(calls, clock_task))
+    await stop.wait()
+
+    log.info("gateway stopping: ending %d calls", len(calls.calls))
+    watch.cancel()
+    await calls.end_all("gateway_stopping")
+    clock_task[0].cancel()
+    for task in (watch, clock_task[0]):
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+    await runner.cleanup()
+    await client.close()
+    calls.ring.close()
+    log.info("gateway stopped")
+    return 0

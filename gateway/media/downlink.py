@@ -1,0 +1,72 @@
+"""The send path of one call: engine frames -> resample -> a bounded queue of packets.
+
+Sans-IO: `accept` takes the engine's frames (int16 at the model rate) and `next_packet` hands
+out exactly one packet's worth at the codec rate, or silence when nothing is queued. The
+queue holds at most `max_queue_s`; beyond it the oldest audio goes, so a stall upstream can
+never leave a call permanently behind.
+"""
+
+from collections.abc import Iterable
+
+import numpy as np
+import soxr
+from numpy.typing import NDArray
+
+from engine.ring import DownlinkFrame
+from gateway.media.pcm import to_float32, to_int16
+
+
+class Downlink:
+    def __init__(
+        self, model_rate: int, codec_rate: int, packet_samples: int, max_queue_s: float
+    ) -> None:
+        self._resampler = (
+            None
+            if model_rate == codec_rate
+            else soxr.ResampleStream(model_rate, codec_rate, 1, dtype="float32", quality="HQ")
+        )
+        self.packet_samples = packet_samples
+        self._rate = codec_rate
+        self._max = round(max_queue_s * codec_rate)
+        self._queue = np.zeros(self._max + packet_samples, np.float32)
+        self._fill = 0
+        self.frames = 0
+        self.silent_packets = 0  # packets sent with nothing queued
+        self.dropped_samples = 0
+        self.tokens: list[NDArray[np.int32]] = []
+
+    @property
+    def queued_s(self) -> float:
+        return self._fill / self._rate
+
+    def accept(self, frames: Iterable[DownlinkFrame]) -> None:
+        for frame in frames:
+            x = to_float32(frame.pcm)
+            if self._resampler is not None:
+                x = self._resampler.resample_chunk(x)
+            self._append(x)
+            self.frames += 1
+            if frame.tokens.size:
+                self.tokens.append(frame.tokens)
+
+    def _append(self, x: NDArray[np.float32]) -> None:
+        overflow = self._fill + x.size - self._max
+        if overflow > 0:
+            drop = min(overflow, self._fill)
+            self._queue[: self._fill - drop] = self._queue[drop : self._fill]
+            self._fill -= drop
+            self.dropped_samples += overflow
+            x = x[-(self._max - self._fill) :] if x.size > self._max - self._fill else x
+        self._queue[self._fill : self._fill + x.size] = x
+        self._fill += x.size
+
+    def next_packet(self) -> NDArray[np.int16]:
+        n = self.packet_samples
+        out = np.zeros(n, np.float32)
+        have = min(n, self._fill)
+        out[:have] = self._queue[:have]
+        self._queue[: self._fill - have] = self._queue[have : self._fill]
+        self._fill -= have
+        if have == 0:
+            self.silent_packets += 1
+        return to_int16(out)

@@ -1,0 +1,107 @@
+"""Opus decoding through libopus, with the codec's own loss concealment and in-band FEC.
+
+aiortc decodes through PyAV, which offers neither packet-loss concealment nor forward error
+correction; the jitter buffer needs both, so the receive path binds the few libopus decoder
+calls it uses directly (Debian package libopus0).
+"""
+
+import ctypes
+import ctypes.util
+from functools import cache
+
+import numpy as np
+from numpy.typing import NDArray
+
+OPUS_RATES = (8000, 12000, 16000, 24000, 48000)
+MAX_FRAME_MS = 120
+
+
+class OpusError(RuntimeError):
+    """libopus is missing, or refused a packet."""
+
+
+@cache
+def _libopus() -> ctypes.CDLL:
+    path = ctypes.util.find_library("opus")
+    if path is None:
+        raise OpusError("libopus not found: install it (Debian: apt-get install libopus0)")
+    lib = ctypes.CDLL(path)
+    lib.opus_decoder_create.restype = ctypes.c_void_p
+    lib.opus_decoder_create.argtypes = [ctypes.c_int32, ctypes.c_int, ctypes.POINTER(ctypes.c_int)]
+    lib.opus_decoder_destroy.argtypes = [ctypes.c_void_p]
+    lib.opus_decode.restype = ctypes.c_int
+    lib.opus_decode.argtypes = [
+        ctypes.c_void_p,
+        ctypes.c_char_p,
+        ctypes.c_int32,
+        ctypes.POINTER(ctypes.c_int16),
+        ctypes.c_int,
+        ctypes.c_int,
+    ]
+    lib.opus_packet_get_nb_samples.restype = ctypes.c_int
+    lib.opus_packet_get_nb_samples.argtypes = [ctypes.c_char_p, ctypes.c_int32, ctypes.c_int32]
+    lib.opus_strerror.restype = ctypes.c_char_p
+    lib.opus_strerror.argtypes = [ctypes.c_int]
+    return lib
+
+
+def _error(code: int) -> str:
+    return (_libopus().opus_strerror(code) or b"unknown error").decode()
+
+
+class OpusDecoder:
+    """A mono libopus decoder at `rate`; every call returns int16 samples [n]."""
+
+    def __init__(self, rate: int = 48000) -> None:
+        if rate not in OPUS_RATES:
+            raise ValueError(f"Opus decodes at {OPUS_RATES}, not {rate}")
+        lib = _libopus()
+        err = ctypes.c_int(0)
+        state = lib.opus_decoder_create(rate, 1, ctypes.byref(err))
+        if err.value != 0 or not state:
+            raise OpusError(f"opus_decoder_create: {_error(err.value)}")
+        self._lib = lib
+        self._state: int | None = state
+        self.rate = rate
+        self._pcm = np.zeros(rate * MAX_FRAME_MS // 1000, np.int16)
+        self._ptr = self._pcm.ctypes.data_as(ctypes.POINTER(ctypes.c_int16))
+
+    def close(self) -> None:
+        if self._state is not None:
+            self._lib.opus_decoder_destroy(self._state)
+            self._state = None
+
+    def __del__(self) -> None:
+        self.close()
+
+    def samples_in(self, packet: bytes) -> int:
+        """Samples per channel the packet decodes to at this decoder's rate."""
+        n = int(self._lib.opus_packet_get_nb_samples(packet, len(packet), self.rate))
+        if n < 0:
+            raise OpusError(f"bad Opus packet: {_error(n)}")
+        return n
+
+    def decode(self, packet: bytes) -> NDArray[np.int16]:
+        return self._run(packet, self._pcm.size, fec=False)
+
+    def conceal(self, samples: int) -> NDArray[np.int16]:
+        """Packet-loss concealment for `samples` missing samples (a multiple of 2.5 ms)."""
+        return self._run(None, samples, fec=False)
+
+    def recover(self, next_packet: bytes, samples: int) -> NDArray[np.int16]:
+        """The lost packet's audio from the in-band FEC carried by the packet after it.
+
+        Without FEC in `next_packet`, libopus falls back to concealment.
+        """
+        return self._run(next_packet, samples, fec=True)
+
+    def _run(self, packet: bytes | None, samples: int, fec: bool) -> NDArray[np.int16]:
+        if self._state is None:
+            raise OpusError("decoder is closed")
+        samples = min(samples, self._pcm.size)
+        n = self._lib.opus_decode(
+            self._state, packet, len(packet) if packet else 0, self._ptr, samples, int(fec)
+        )
+        if n < 0:
+            raise OpusError(f"opus_decode: {_error(n)}")
+        return self._pcm[:n].copy()

@@ -1,0 +1,88 @@
+"""The receive path of one call: jitter buffer -> decode or conceal -> resample -> framer.
+
+Sans-IO: RTP payloads go in with their arrival time, the media clock pumps it every
+sub-period, and `take_frame` hands the engine's exact frame (int16) to whoever writes the
+ring. The codec sits behind `AudioDecoder`, so Opus and G.711 share everything else.
+"""
+
+from typing import Protocol
+
+import numpy as np
+import soxr
+from numpy.typing import NDArray
+
+from gateway.media.framer import Framer
+from gateway.media.jitter import Arrival, JitterBuffer, JitterConfig, Unit
+from gateway.media.pcm import to_float32, to_int16
+
+
+class AudioDecoder(Protocol):
+    """A codec's decoder at the RTP clock rate; every method returns mono int16 samples."""
+
+    rate: int
+
+    def decode(self, packet: bytes) -> NDArray[np.int16]: ...
+
+    def conceal(self, samples: int) -> NDArray[np.int16]: ...
+
+    def recover(self, next_packet: bytes, samples: int) -> NDArray[np.int16]: ...
+
+
+class Uplink:
+    def __init__(
+        self,
+        decoder: AudioDecoder,
+        jitter: JitterConfig,
+        model_rate: int,
+        frame_samples: int,
+        pump_period_s: float,
+    ) -> None:
+        self.jitter = JitterBuffer(jitter)
+        self._decoder = decoder
+        self._resampler = (
+            None
+            if decoder.rate == model_rate
+            else soxr.ResampleStream(decoder.rate, model_rate, 1, dtype="float32", quality="HQ")
+        )
+        self._pump_samples = round(pump_period_s * decoder.rate)
+        self._credit = 0  # decoder-rate samples owed to the framer
+        self.framer = Framer(frame_samples, max_backlog=frame_samples // 4)
+        self.concealed = 0  # packets' worth of audio made up by the codec
+        self._delays: list[float] = []  # played packets' delays since the last take_delays
+
+    def receive(self, seq: int, timestamp: int, payload: bytes, now_s: float) -> Arrival:
+        return self.jitter.push(seq, timestamp, payload, now_s)
+
+    def pump(self, now_s: float) -> None:
+        """Move one pump period of audio from the jitter buffer into the framer."""
+        self._credit += self._pump_samples
+        while self._credit > 0:
+            pcm = self._play(now_s)
+            self._credit -= max(pcm.size, 1)
+            self._feed(pcm)
+
+    def _play(self, now_s: float) -> NDArray[np.int16]:
+        out = self.jitter.pull(now_s)
+        if out.unit is Unit.PACKET:
+            assert out.payload is not None and out.delay_s is not None
+            self._delays.append(out.delay_s)
+            return self._decoder.decode(out.payload)
+        if out.unit is Unit.WAITING:
+            return np.zeros(out.samples, np.int16)
+        self.concealed += 1
+        if out.unit is Unit.LOST and out.payload is not None:
+            return self._decoder.recover(out.payload, out.samples)
+        return self._decoder.conceal(out.samples)
+
+    def _feed(self, pcm: NDArray[np.int16]) -> None:
+        x = to_float32(pcm)
+        if self._resampler is not None:
+            x = self._resampler.resample_chunk(x)
+        self.framer.push(x)
+
+    def take_delays(self) -> list[float]:
+        delays, self._delays = self._delays, []
+        return delays
+
+    def take_frame(self) -> NDArray[np.int16]:
+        return to_int16(self.framer.take())

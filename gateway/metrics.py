@@ -1,0 +1,73 @@
+"""Every Prometheus metric of the gateway process, in one registry.
+
+Names follow cadence_gateway_<what>_<unit>; labels are bounded (transport, outcome, reason,
+kind) and never carry a call id.
+"""
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+JITTER_BUCKETS = (0.01, 0.02, 0.03, 0.04, 0.05, 0.06, 0.08, 0.1, 0.15, 0.2, 0.3, 0.5)
+SETUP_BUCKETS = (0.01, 0.025, 0.05, 0.08, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
+LAG_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.04, 0.08, 0.16)
+
+
+class GatewayMetrics:
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.calls_active = Gauge(
+            "cadence_gateway_calls_active", "Calls in progress.", ["transport"], registry=r
+        )
+        self.calls = Counter(
+            "cadence_gateway_calls_total",
+            "Calls ended, by transport and outcome (completed, refused, failed).",
+            ["transport", "outcome"],
+            registry=r,
+        )
+        self.admission_refusals = Counter(
+            "cadence_gateway_admission_refusals_total",
+            "Calls the engine refused, by reason (full, draining, unavailable).",
+            ["reason"],
+            registry=r,
+        )
+        self.setup_duration = Histogram(
+            "cadence_gateway_call_setup_duration_seconds",
+            "Time from a call request to its answer.",
+            ["transport"],
+            buckets=SETUP_BUCKETS,
+            registry=r,
+        )
+        self.jitter_delay = Histogram(
+            "cadence_gateway_jitter_buffer_delay_seconds",
+            "Played-out delay of received packets beyond their earliest possible playout.",
+            ["transport"],
+            buckets=JITTER_BUCKETS,
+            registry=r,
+        )
+        self.packets = Counter(
+            "cadence_gateway_packets_total",
+            "Received audio packets by fate (played, lost, late, duplicate, dropped).",
+            ["transport", "kind"],
+            registry=r,
+        )
+        self.concealed = Counter(
+            "cadence_gateway_concealed_packets_total",
+            "Packets' worth of audio made up by loss concealment.",
+            ["transport"],
+            registry=r,
+        )
+        self.send_queue = Histogram(
+            "cadence_gateway_send_queue_seconds",
+            "Audio queued for sending, sampled at every pump.",
+            buckets=(0.0, 0.02, 0.04, 0.06, 0.08, 0.1, 0.12, 0.16, 0.2),
+            registry=r,
+        )
+        self.loop_lag = Histogram(
+            "cadence_gateway_event_loop_lag_seconds",
+            "How late the media clock's pumps ran against their instants.",
+            buckets=LAG_BUCKETS,
+            registry=r,
+        )
+        self.engine_up = Gauge(
+            "cadence_gateway_engine_up", "1 while the engine's control socket is up.", registry=r
+        )

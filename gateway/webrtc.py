@@ -1,0 +1,132 @@
+"""WebRTC calls: one aiortc peer per call, with Cadence's own receive and send paths.
+
+Receive: aiortc's audio receiver would put packets through its count-based jitter buffer
+(82 ms added, 282 ms for good after one loss) and decode them on a thread. Instead each
+packet is taken as it arrives from the DTLS transport, before that buffer, and fed to the
+call's own time-based jitter buffer (gateway/media/jitter.py).
+
+Send: a track whose `recv` returns one 20 ms packet of the engine's audio at absolute instants
+on the engine's grid, so aiortc encodes and sends it right away; nothing queues ahead of time.
+"""
+
+import asyncio
+import fractions
+import logging
+import time
+from collections.abc import Awaitable, Callable
+
+from aiortc import (
+    MediaStreamTrack,
+    RTCConfiguration,
+    RTCPeerConnection,
+    RTCRtpSender,
+    RTCSessionDescription,
+)
+from aiortc.rtp import RtpPacket
+from av import AudioFrame
+
+from gateway.media.clock import PumpGrid
+from gateway.media.downlink import Downlink
+from gateway.media.uplink import Uplink
+
+log = logging.getLogger(__name__)
+
+OPUS_RATE = 48000
+PACKET_SAMPLES = 960  # 20 ms at 48 kHz
+SEND_OFFSET_S = 0.002  # after the pump that reads the engine's output
+
+
+class OfferError(ValueError):
+    """The SDP offer cannot become a Cadence call (not SDP, no audio, no Opus)."""
+
+
+class PacedAudioTrack(MediaStreamTrack):
+    kind = "audio"
+
+    def __init__(self, downlink: Downlink, grid: PumpGrid) -> None:
+        super().__init__()
+        self._downlink = downlink
+        self._grid = grid
+        self._index: int | None = None
+        self._pts = 0
+        self.late_skips = 0  # packet instants skipped because recv was called too late
+
+    async def recv(self) -> AudioFrame:
+        grid = self._grid
+        now = time.monotonic()
+        current = grid.index_at(now - SEND_OFFSET_S)
+        if self._index is None:
+            self._index = current + 1
+        else:
+            self._index += 1
+            if current > self._index:  # fell behind: jump, keep timestamps true to time
+                self.late_skips += current - self._index
+                self._pts += (current - self._index) * PACKET_SAMPLES
+                self._index = current
+        due = grid.instant(self._index) + SEND_OFFSET_S
+        if due > now:
+            await asyncio.sleep(due - now)
+        pcm = self._downlink.next_packet()
+        frame = AudioFrame.from_ndarray(pcm.reshape(1, -1), format="s16", layout="mono")
+        frame.sample_rate = OPUS_RATE
+        frame.pts = self._pts
+        frame.time_base = fractions.Fraction(1, OPUS_RATE)
+        self._pts += pcm.size
+        return frame
+
+
+PacketSink = Callable[[RtpPacket, float], None]
+
+
+def _tap(receiver: object, opus_types: set[int], sink: PacketSink) -> None:
+    """Route the receiver's RTP to `sink` instead of aiortc's jitter buffer and decoder."""
+
+    async def handle_rtp_packet(packet: RtpPacket, arrival_time_ms: int) -> None:
+        if packet.payload_type in opus_types and packet.payload:
+            sink(packet, time.monotonic())
+
+    receiver._handle_rtp_packet = handle_rtp_packet  # type: ignore[attr-defined]
+
+
+async def answer(
+    offer_sdp: str,
+    uplink: Uplink,
+    downlink: Downlink,
+    grid: PumpGrid,
+    on_state: Callable[[str], Awaitable[None]],
+) -> tuple[RTCPeerConnection, str]:
+    """Accept a browser's offer; returns the peer and the SDP answer."""
+    if "m=audio" not in offer_sdp:
+        raise OfferError("the offer has no audio section")
+    pc = RTCPeerConnection(RTCConfiguration(iceServers=[]))
+    try:
+        try:
+            await pc.setRemoteDescription(RTCSessionDescription(offer_sdp, "offer"))
+        except (ValueError, KeyError, IndexError) as exc:
+            raise OfferError(f"the offer is not valid SDP: {exc}") from exc
+        transceiver = next((t for t in pc.getTransceivers() if t.kind == "audio"), None)
+        if transceiver is None:
+            raise OfferError("the offer has no audio section")
+        opus = [c for c in RTCRtpSender.getCapabilities("audio").codecs if c.name == "opus"]
+        transceiver.setCodecPreferences(opus)
+        track = PacedAudioTrack(downlink, grid)
+        transceiver.sender.replaceTrack(track)
+        transceiver.direction = "sendrecv"
+
+        def sink(packet: RtpPacket, now_s: float) -> None:
+            uplink.receive(packet.sequence_number, packet.timestamp, packet.payload, now_s)
+
+        @pc.on("connectionstatechange")
+        async def changed() -> None:
+            await on_state(pc.connectionState)
+
+        local = await pc.createAnswer()
+        await pc.setLocalDescription(local)
+        codecs = [c for c in transceiver._codecs if c.name == "opus"]  # negotiated by now
+        if not codecs:
+            raise OfferError("the offer does not include Opus")
+        _tap(transceiver.receiver, {c.payloadType for c in codecs}, sink)
+    except BaseException:
+        await pc.close()
+        raise
+    return pc, pc.localDescription.sdp
