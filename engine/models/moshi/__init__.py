@@ -1,0 +1,1 @@
+"""Kyutai Moshi architecture (Moshi, PersonaPlex): LM, Mimi codec, checkpoints."""

@@ -1,0 +1,149 @@
+"""The depth transformer: predicts a frame's audio codebooks one after the other.
+
+Inside one frame it runs `steps` (8) dependent steps; step s has its own weights (input
+projection from the temporal output, token embedding, attention, FFN, output head), reads the
+token sampled at step s-1 (the text token for s = 0), and attends causally to steps 0..s of
+this frame only. Weights are stacked per step:
+
+    depformer_in:         [steps, dep_dim, dim]
+    depformer_emb:        [steps - 1, card + 1, dep_dim]   (input token of steps 1..)
+    layers.i.self_attn.in_proj / out_proj:   [steps, 3 * dep_dim, dep_dim] / [steps, dep_dim, dep_dim]
+    layers.i.gating.linear_in / linear_out:  [steps, 2 * hidden, dep_dim] / [steps, dep_dim, hidden]
+    linears:              [steps, card, dep_dim]
+
+PersonaPlex checkpoints hold 16 steps; steps 8..15 predict the user's codebooks, which are
+replaced by the user's real codes, so only the first 8 are loaded and run (causal attention
+means the skipped steps cannot change the first 8).
+"""
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from engine.models.moshi.attention import RmsNorm
+from engine.models.moshi.sampling import Sampling, sample
+from engine.models.moshi.transformer import RMS_EPS, gated_ffn
+
+
+class StepAttention(nn.Module):
+    def __init__(
+        self, steps: int, dim: int, num_heads: int, device: torch.device, dtype: torch.dtype
+    ) -> None:
+        super().__init__()
+        self.num_heads = num_heads
+        self.in_proj = nn.Parameter(torch.zeros(steps, 3 * dim, dim, device=device, dtype=dtype))
+        self.out_proj = nn.Parameter(torch.zeros(steps, dim, dim, device=device, dtype=dtype))
+
+    def forward(self, x: Tensor, step: int, keys: Tensor, values: Tensor) -> Tensor:
+        """x: [B, 1, dim]; keys/values: [B, H, steps, head_dim], filled for steps < `step`."""
+        batch, _, dim = x.shape
+        qkv = F.linear(x, self.in_proj[step]).view(batch, 3, self.num_heads, dim // self.num_heads)
+        q, k, v = qkv.unsqueeze(3).unbind(1)  # each [B, H, 1, head_dim]
+        keys[:, :, step : step + 1] = k
+        values[:, :, step : step + 1] = v
+        out = F.scaled_dot_product_attention(
+            q, keys[:, :, : step + 1], values[:, :, : step + 1]
+        )  # all earlier steps are visible: no mask
+        return F.linear(out.reshape(batch, 1, dim), self.out_proj[step])
+
+
+class StepFfn(nn.Module):
+    def __init__(
+        self, steps: int, dim: int, hidden: int, device: torch.device, dtype: torch.dtype
+    ) -> None:
+        super().__init__()
+        self.linear_in = nn.Parameter(
+            torch.zeros(steps, 2 * hidden, dim, device=device, dtype=dtype)
+        )
+        self.linear_out = nn.Parameter(torch.zeros(steps, dim, hidden, device=device, dtype=dtype))
+
+    def forward(self, x: Tensor, step: int) -> Tensor:
+        return gated_ffn(x, self.linear_in[step], self.linear_out[step])
+
+
+class DepformerLayer(nn.Module):
+    def __init__(
+        self,
+        steps: int,
+        dim: int,
+        num_heads: int,
+        hidden: int,
+        device: torch.device,
+        dtype: torch.dtype,
+    ) -> None:
+        super().__init__()
+        self.norm1 = RmsNorm(dim, RMS_EPS, device, dtype)
+        self.self_attn = StepAttention(steps, dim, num_heads, device, dtype)
+        self.norm2 = RmsNorm(dim, RMS_EPS, device, dtype)
+        self.gating = StepFfn(steps, dim, hidden, device, dtype)
+
+    def forward(self, x: Tensor, step: int, keys: Tensor, values: Tensor) -> Tensor:
+        x = x + self.self_attn(self.norm1(x), step, keys, values)
+        return x + self.gating(self.norm2(x), step)
+
+
+class Depformer(nn.Module):
+    def __init__(
+        self,
+        *,
+        steps: int,
+        dim: int,
+        dep_dim: int,
+        num_heads: int,
+        num_layers: int,
+        hidden: int,
+        text_card: int,
+        card: int,
+        slots: int,
+        device: torch.device,
+        dtype: torch.dtype,
+    ) -> None:
+        super().__init__()
+        self.steps = steps
+
+        def zeros(*shape: int) -> nn.Parameter:
+            return nn.Parameter(torch.zeros(shape, device=device, dtype=dtype))
+
+        self.depformer_in = zeros(steps, dep_dim, dim)
+        self.depformer_text_emb = zeros(text_card + 1, dep_dim)
+        self.depformer_emb = zeros(steps - 1, card + 1, dep_dim)
+        self.layers = nn.ModuleList(
+            DepformerLayer(steps, dep_dim, num_heads, hidden, device, dtype)
+            for _ in range(num_layers)
+        )
+        self.linears = zeros(steps, card, dep_dim)
+        # per-frame scratch: keys/values of steps 0..s, rewritten every frame
+        scratch = (num_layers, slots, num_heads, steps, dep_dim // num_heads)
+        self.keys: Tensor
+        self.values: Tensor
+        self.register_buffer("keys", torch.zeros(scratch, device=device, dtype=dtype), False)
+        self.register_buffer("values", torch.zeros(scratch, device=device, dtype=dtype), False)
+
+    def forward(
+        self,
+        hidden: Tensor,
+        text: Tensor,
+        how: Sampling,
+        generator: torch.Generator | None,
+        forced: Tensor | None = None,
+        forced_mask: Tensor | None = None,
+    ) -> Tensor:
+        """hidden: [B, 1, dim] (normed temporal output); text: int64 [B] -> int64 [B, steps].
+
+        Where forced_mask: bool [B, steps] is set, that codebook is forced: forced: int64
+        [B, steps] is returned and fed to the next step instead of the sampled token.
+        """
+        tokens: list[Tensor] = []
+        previous = text
+        for step in range(self.steps):
+            table = self.depformer_text_emb if step == 0 else self.depformer_emb[step - 1]
+            x = F.linear(hidden, self.depformer_in[step]) + F.embedding(previous, table)[:, None]
+            for index, layer in enumerate(self.layers):
+                x = layer(x, step, self.keys[index], self.values[index])
+            logits = F.linear(x[:, 0], self.linears[step])  # [B, card]
+            token = sample(logits, how, generator)
+            if forced is not None and forced_mask is not None:
+                token = torch.where(forced_mask[:, step], forced[:, step], token)
+            tokens.append(token)
+            previous = token
+        return torch.stack(tokens, dim=1)

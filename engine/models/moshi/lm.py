@@ -1,0 +1,117 @@
+"""The Moshi multistream LM for all slots: embeddings -> temporal transformer -> text head ->
+depth transformer, with the token delays, one frame per step.
+
+    step(user_codes int64 [slots, 8], reset bool [slots])
+        -> frame int64 [slots, 9] (text + model audio codes), emitted bool [slots]
+
+Parameter names follow Kyutai's checkpoint where the layout allows (`emb` is their
+`emb.{k}.weight` stacked); `checkpoint.py` maps the rest.
+"""
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from engine.models.moshi.attention import RmsNorm
+from engine.models.moshi.config import LmConfig
+from engine.models.moshi.delays import TokenDelays
+from engine.models.moshi.depformer import Depformer
+from engine.models.moshi.sampling import Sampling, sample
+from engine.models.moshi.transformer import RMS_EPS, TemporalTransformer
+
+
+class MoshiLm(nn.Module):
+    def __init__(
+        self,
+        config: LmConfig,
+        slots: int,
+        device: torch.device,
+        dtype: torch.dtype,
+        text_sampling: Sampling,
+        audio_sampling: Sampling,
+        generator: torch.Generator | None,
+    ) -> None:
+        super().__init__()
+        self.config = config
+        self.text_sampling = text_sampling
+        self.audio_sampling = audio_sampling
+        self.generator = generator
+        audio = config.audio_codebooks
+        self.emb = nn.Parameter(
+            torch.zeros(2 * audio, config.card + 1, config.dim, device=device, dtype=dtype)
+        )
+        self.text_emb = nn.Parameter(
+            torch.zeros(config.text_card + 1, config.dim, device=device, dtype=dtype)
+        )
+        self.transformer = TemporalTransformer(
+            dim=config.dim,
+            num_heads=config.num_heads,
+            num_layers=config.num_layers,
+            ffn_hidden=config.ffn_hidden,
+            max_period=config.max_period,
+            context=config.context,
+            slots=slots,
+            device=device,
+            dtype=dtype,
+        )
+        self.out_norm = RmsNorm(config.dim, RMS_EPS, device, dtype)
+        self.text_linear = nn.Linear(
+            config.dim, config.text_card, bias=False, device=device, dtype=dtype
+        )
+        self.depformer = Depformer(
+            steps=audio,
+            dim=config.dim,
+            dep_dim=config.depformer_dim,
+            num_heads=config.depformer_num_heads,
+            num_layers=config.depformer_num_layers,
+            hidden=config.depformer_ffn_hidden,
+            text_card=config.text_card,
+            card=config.card,
+            slots=slots,
+            device=device,
+            dtype=dtype,
+        )
+        initial = (config.text_card,) + (config.card,) * (2 * audio)
+        self.delays = TokenDelays(config.delays, 1 + audio, initial, slots, device)
+
+    def embed(self, tokens: Tensor) -> Tensor:
+        """tokens: int64 [B, T, streams] -> [B, T, dim]; audio streams summed in order, then
+        text, as the reference does (the order matters for bit-exact fp32 sums)."""
+        x = F.embedding(tokens[..., 1], self.emb[0])
+        for k in range(1, self.emb.shape[0]):
+            x = x + F.embedding(tokens[..., 1 + k], self.emb[k])
+        return x + F.embedding(tokens[..., 0], self.text_emb)
+
+    def reset(self, mask: Tensor) -> None:
+        self.transformer.reset(mask)
+        self.delays.reset(mask)
+
+    def step(self, user_codes: Tensor, reset: Tensor) -> tuple[Tensor, Tensor]:
+        """See the module docstring; `reset` rows start a new call before this step."""
+        self.reset(reset)
+        streams = self.delays.delays.shape[0]
+        model_streams = self.delays.model_streams
+        given = torch.zeros(
+            user_codes.shape[0], streams, device=user_codes.device, dtype=torch.long
+        )
+        given[:, model_streams:] = user_codes
+        user = torch.zeros(streams, device=user_codes.device, dtype=torch.bool)
+        user[model_streams:] = True
+        self.delays.provide(given, user.expand(user_codes.shape[0], -1))
+        frame, emitted, _ = self.advance()
+        return frame, emitted
+
+    def advance(self) -> tuple[Tensor, Tensor, Tensor]:
+        """One LM step on what the delay rings hold; returns the emitted frame, whether it
+        exists, and the text logits (fp32 [slots, text_card]) of this step."""
+        tokens = self.delays.inputs()[:, None]  # [slots, 1, streams]
+        hidden = self.out_norm(self.transformer.step(self.embed(tokens)))
+        text_logits = self.text_linear(hidden)[:, 0].float()
+        forced, forced_mask = self.delays.targets()
+        text = sample(text_logits, self.text_sampling, self.generator)
+        text = torch.where(forced_mask[:, 0], forced[:, 0], text)
+        audio = self.depformer(
+            hidden, text, self.audio_sampling, self.generator, forced[:, 1:], forced_mask[:, 1:]
+        )
+        frame, emitted = self.delays.commit(torch.cat([text[:, None], audio], dim=1))
+        return frame, emitted, text_logits

@@ -1,0 +1,117 @@
+"""The temporal transformer: one position per frame, every slot at its own position.
+
+Pre-norm layers (RMSNorm fp32, eps 1e-8), RoPE attention over a per-slot KV ring of
+`context` frames, SiLU-gated FFN, no biases. State, allocated once for all slots:
+
+    keys, values: [layers, slots, heads, context, head_dim]   model dtype
+    positions:    int64 [slots]   frames this call has been through (RoPE position)
+
+Unlike Kyutai's reference (a fixed 3000-frame ring per call, 4 minutes), the ring length is the
+configured context (default 1500 frames = 2 minutes); within it the outputs are the same.
+"""
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from engine.models.moshi.attention import RingAttention, RmsNorm, ring_mask
+
+RMS_EPS = 1e-8
+
+
+class GatedFfn(nn.Module):
+    """silu(x W_gate) * (x W_up) W_down; linear_in rows are [gate | up]."""
+
+    def __init__(self, dim: int, hidden: int, device: torch.device, dtype: torch.dtype) -> None:
+        super().__init__()
+        self.linear_in = nn.Linear(dim, 2 * hidden, bias=False, device=device, dtype=dtype)
+        self.linear_out = nn.Linear(hidden, dim, bias=False, device=device, dtype=dtype)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return gated_ffn(x, self.linear_in.weight, self.linear_out.weight)
+
+
+def gated_ffn(x: Tensor, weight_in: Tensor, weight_out: Tensor) -> Tensor:
+    """x: [B, T, dim]; weight_in: [2 * hidden, dim]; weight_out: [dim, hidden]."""
+    h = F.linear(x, weight_in)
+    h = h.view(*h.shape[:-1], 2, -1)
+    return F.linear(F.silu(h[..., 0, :]) * h[..., 1, :], weight_out)
+
+
+class TemporalLayer(nn.Module):
+    def __init__(
+        self,
+        dim: int,
+        num_heads: int,
+        ffn_hidden: int,
+        max_period: float,
+        device: torch.device,
+        dtype: torch.dtype,
+    ) -> None:
+        super().__init__()
+        self.norm1 = RmsNorm(dim, RMS_EPS, device, dtype)
+        self.self_attn = RingAttention(dim, num_heads, max_period, device, dtype)
+        self.norm2 = RmsNorm(dim, RMS_EPS, device, dtype)
+        self.gating = GatedFfn(dim, ffn_hidden, device, dtype)
+
+    def forward(
+        self, x: Tensor, start: Tensor, keys: Tensor, values: Tensor, mask: Tensor
+    ) -> Tensor:
+        x = x + self.self_attn(self.norm1(x), start, keys, values, mask)
+        return x + self.gating(self.norm2(x))
+
+
+class TemporalTransformer(nn.Module):
+    def __init__(
+        self,
+        *,
+        dim: int,
+        num_heads: int,
+        num_layers: int,
+        ffn_hidden: int,
+        max_period: float,
+        context: int,
+        slots: int,
+        device: torch.device,
+        dtype: torch.dtype,
+    ) -> None:
+        super().__init__()
+        self.context = context
+        self.layers = nn.ModuleList(
+            TemporalLayer(dim, num_heads, ffn_hidden, max_period, device, dtype)
+            for _ in range(num_layers)
+        )
+        ring_shape = (num_layers, slots, num_heads, context, dim // num_heads)
+        self.keys: Tensor
+        self.values: Tensor
+        self.positions: Tensor
+        self.register_buffer("keys", torch.zeros(ring_shape, device=device, dtype=dtype), False)
+        self.register_buffer("values", torch.zeros(ring_shape, device=device, dtype=dtype), False)
+        self.register_buffer(
+            "positions", torch.zeros(slots, device=device, dtype=torch.long), False
+        )
+
+    def reset(self, mask: Tensor) -> None:
+        """mask: bool [slots]; those slots start over at position 0."""
+        self.positions.masked_fill_(mask, 0)
+
+    def step(self, x: Tensor) -> Tensor:
+        """x: [slots, 1, dim] -> [slots, 1, dim]; every slot advances one position."""
+        out = self._run(x, self.positions, self.keys, self.values)
+        self.positions.add_(1)
+        return out
+
+    def prefill(self, x: Tensor, slot: int) -> Tensor:
+        """x: [1, T, dim], T <= context: run T known frames for one slot from its position."""
+        if x.shape[1] > self.context:
+            raise ValueError(f"prefill of {x.shape[1]} frames exceeds the context {self.context}")
+        s = slice(slot, slot + 1)
+        out = self._run(x, self.positions[s], self.keys[:, s], self.values[:, s])
+        self.positions[s] += x.shape[1]
+        return out
+
+    def _run(self, x: Tensor, start: Tensor, keys: Tensor, values: Tensor) -> Tensor:
+        mask = ring_mask(start, x.shape[1], self.context, self.context)
+        for index, layer in enumerate(self.layers):
+            x = layer(x, start, keys[index], values[index], mask)
+        return x
