@@ -311,3 +311,75 @@ class StreamFramer:
                 return messages
             messages.append(self._buffer[:total])
             self._buffer = self._buffer[total:]
+
+
+REASONS = {
+    100: "Trying",
+    180: "Ringing",
+    183: "Session Progress",
+    200: "OK",
+    400: "Bad Request",
+    401: "Unauthorized",
+    403: "Forbidden",
+    405: "Method Not Allowed",
+    407: "Proxy Authentication Required",
+    408: "Request Timeout",
+    416: "Unsupported URI Scheme",
+    420: "Bad Extension",
+    422: "Session Interval Too Small",
+    480: "Temporarily Unavailable",
+    481: "Call/Transaction Does Not Exist",
+    482: "Loop Detected",
+    486: "Busy Here",
+    487: "Request Terminated",
+    488: "Not Acceptable Here",
+    491: "Request Pending",
+    500: "Server Internal Error",
+    501: "Not Implemented",
+    503: "Service Unavailable",
+    505: "Version Not Supported",
+    603: "Decline",
+}
+
+
+def response_to(
+    request: Request,
+    status: int,
+    to_tag: str | None = None,
+    headers: tuple[tuple[str, str], ...] = (),
+    body: bytes = b"",
+) -> Response:
+    """A response copying Via, From, To, Call-ID and CSeq from the request (RFC 3261 8.2.6)."""
+    copied: list[tuple[str, str]] = [(n, v) for n, v in request.headers if n == "Via"]
+    to_value = request.header("To") or ""
+    if to_tag is not None and request.to_addr.tag is None:
+        to_value = f"{to_value};tag={to_tag}"
+    copied += [("From", request.header("From") or ""), ("To", to_value)]
+    copied += [("Call-ID", request.call_id), ("CSeq", request.header("CSeq") or "")]
+    if status == 100 and request.header("Timestamp") is not None:
+        copied.append(("Timestamp", request.header("Timestamp") or ""))
+    reason = REASONS.get(status, "Unknown")
+    return Response((*copied, *headers), body, status, reason)
+
+
+def error_response(data: bytes, error: SipParseError) -> bytes | None:
+    """Best effort 400/505 for a request that failed to parse, if it can be answered at all.
+
+    RFC 3261 needs Via, From, To, Call-ID and CSeq to route and match a response; without any
+    of them (or for a malformed response or ACK) the message can only be dropped.
+    """
+    head = data.lstrip(b"\r\n").split(b"\r\n\r\n", 1)[0].decode("utf-8", "surrogateescape")
+    try:
+        start, *lines = _unfold(head)
+        headers = _parse_headers(lines)
+    except SipParseError:
+        return None
+    method = start.split(" ", 1)[0]
+    if start.startswith("SIP/") or method == "ACK" or not is_token(method):
+        return None
+    wanted = ("Via", "From", "To", "Call-ID", "CSeq")
+    copied = tuple((n, v) for n, v in headers if n in wanted)
+    if {n for n, _ in copied} != set(wanted):
+        return None
+    reason = REASONS.get(error.status, "Bad Request")
+    return Response(copied, b"", error.status, reason).encode()

@@ -1,0 +1,73 @@
+"""One call as the agent tracks it: its dialog plus the timers that belong to the call.
+
+Besides the dialog (dialog.py) and its INVITE transaction, a call owns the timers that RFC 3261
+puts in the transaction user rather than in a transaction: the UAS's 2xx retransmission until
+the ACK arrives (13.3.1.4: T1 doubling to T2, give up after 64*T1), the UAC's ACK kept for
+retransmitted 2xx, the session timer (RFC 4028), and Cadence's own ring timeout for inbound
+calls the application never answers.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from gateway.sip.dialog import Dialog
+from gateway.sip.digest import Credentials
+from gateway.sip.message import Request
+from gateway.sip.sdp import SessionDescription
+from gateway.sip.session_timer import SessionTimer
+from gateway.sip.transaction import Address, ClientInvite, ServerInvite, State, Transaction
+
+
+@dataclass
+class Call:
+    call_id: str
+    uac: bool
+    dialog: Dialog
+    peer: Address  # next hop for in-dialog requests
+    transport: str
+    invite: Request  # the INVITE that created the call (ours as UAC, theirs as UAS)
+    server_invite: ServerInvite | None = None
+    client_invite: ClientInvite | None = None
+    local_sdp: SessionDescription | None = None
+    remote_sdp: SessionDescription | None = None
+    direction: str = "sendrecv"
+    ringing: bool = False
+    answered: bool = False
+    confirmed: bool = False
+    hangup_requested: bool = False
+    cancelled: bool = False
+    ok_response: bytes | None = None
+    ok_interval: float = 0.0
+    ok_next: float | None = None
+    ok_give_up: float | None = None
+    ack: bytes | None = None
+    session_timer: SessionTimer | None = None
+    last_refresh: float = 0.0
+    ring_deadline: float | None = None
+    credentials: Credentials | None = None
+    auth_nonces: set[str] = field(default_factory=set)
+    reinvite: ClientInvite | None = None
+    reinvite_direction: str | None = None
+    reinvite_ack: bytes | None = None
+    refresh: Transaction | None = None  # our UPDATE or re-INVITE refreshing the session
+    peer_update: bool = False  # the peer's Allow lists UPDATE, so refreshes may use it
+    ok_destination: Address | None = None
+    reported: bool = False  # CallEnded already emitted (the call may linger to send BYE)
+
+    def deadlines(self) -> list[float]:
+        found = [self.ring_deadline, self.ok_next, self.ok_give_up]
+        if self.session_timer is not None and self.confirmed:
+            found.append(self.session_timer.deadline(self.last_refresh))
+        return [d for d in found if d is not None]
+
+    def reinvite_pending(self) -> bool:
+        return self.reinvite is not None and self.reinvite.state in (
+            State.CALLING,
+            State.PROCEEDING,
+        )
+
+    def stop_ok_retransmission(self) -> None:
+        self.ok_response = None
+        self.ok_next = None
+        self.ok_give_up = None

@@ -1,0 +1,338 @@
+"""The UAC half of the agent: outbound calls, registrations, and the plumbing both halves use.
+
+`Caller` holds the agent's state (transactions, calls, registrations, config, seeded RNG) and
+everything that starts from our side: dial (INVITE, retried once per nonce on 401/407 and once
+on 422), CANCEL, the ACK for a 2xx, REGISTER with refresh before expiry. `Agent` (agent.py)
+adds the UAS half and the entry points a driver calls.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass, field, replace
+
+from gateway.sip import digest, session_timer
+from gateway.sip.call import Call
+from gateway.sip.dialog import Dialog, DialogInput, DialogState
+from gateway.sip.events import (
+    AgentConfig,
+    CallAnswered,
+    CallEnded,
+    CallRinging,
+    Output,
+    Registered,
+    RegistrationFailed,
+)
+from gateway.sip.headers import SipParseError, SipUri, Uri, Via, param, parse_uri
+from gateway.sip.message import Request, Response
+from gateway.sip.sdp import SessionDescription, parse_sdp
+from gateway.sip.stack import TransactionLayer
+from gateway.sip.transaction import (
+    Address,
+    ClientInvite,
+    ClientNonInvite,
+    Outgoing,
+    Transaction,
+)
+
+ALLOW = "INVITE, ACK, CANCEL, BYE, OPTIONS, UPDATE, INFO"
+
+
+@dataclass
+class Registration:
+    aor: str
+    registrar: Uri
+    peer: Address
+    transport: str
+    call_id: str
+    from_tag: str
+    credentials: digest.Credentials | None
+    expires: int
+    cseq: int = 0
+    refresh_at: float | None = None
+    transaction: Transaction | None = None
+    nonces: set[str] = field(default_factory=set)
+    authorization: tuple[str, str] | None = None
+
+
+class Caller:
+    def __init__(self, config: AgentConfig, rng: random.Random) -> None:
+        self.config = config
+        self.rng = rng
+        self.stack = TransactionLayer(config.timers)
+        self.calls: dict[str, Call] = {}
+        self.registrations: dict[str, Registration] = {}
+
+    # -- identifiers and addresses ---------------------------------------------------------
+
+    def _token(self) -> str:
+        return f"{self.rng.getrandbits(64):016x}"
+
+    def _via(self, transport: str) -> Via:
+        host, port = self.config.address
+        branch = "z9hG4bK" + self._token()
+        return Via(transport.upper(), host, port, (("branch", branch), ("rport", None)))
+
+    def _contact(self, transport: str) -> str:
+        host, port = self.config.address
+        suffix = ";transport=tcp" if transport == "tcp" else ""
+        return f"<sip:{self.config.user}@{host}:{port}{suffix}>"
+
+    @staticmethod
+    def _resolve(uri: Uri) -> Address:
+        if not isinstance(uri, SipUri):
+            raise SipParseError(f"cannot route to {uri}; give a proxy")
+        return (uri.host.strip("[]"), uri.port or (5061 if uri.scheme == "sips" else 5060))
+
+    def _send(self, request: Request, peer: Address, transport: str, now: float) -> list[Output]:
+        return list(self.stack.start_client(request, peer, transport, now)[1])
+
+    def _report(
+        self, call: Call, reason: str, status: int | None = None, retry_after: int | None = None
+    ) -> list[Output]:
+        """CallEnded, once per call, however many paths lead to the end."""
+        if call.reported:
+            return []
+        call.reported = True
+        return [CallEnded(call.call_id, reason, status, retry_after)]
+
+    def _end(
+        self, call: Call, reason: str, status: int | None = None, retry_after: int | None = None
+    ) -> list[Output]:
+        """Forget the call; its transactions finish on their own timers."""
+        self.calls.pop(call.call_id, None)
+        if call.dialog.state is not DialogState.TERMINATED:
+            call.dialog.advance(DialogInput.END)
+        return self._report(call, reason, status, retry_after)
+
+    def _bye(self, call: Call, now: float) -> list[Output]:
+        request = call.dialog.request("BYE", self._via(call.transport))
+        return self._send(request, call.peer, call.transport, now)
+
+    # -- outbound calls ------------------------------------------------------------------
+
+    def dial(
+        self,
+        uri: str,
+        sdp: SessionDescription,
+        now: float,
+        *,
+        credentials: digest.Credentials | None = None,
+        proxy: Address | None = None,
+        transport: str = "udp",
+    ) -> tuple[str, list[Output]]:
+        """Place a call; returns its Call-ID and the INVITE to send."""
+        target = parse_uri(uri)
+        host = self.config.address[0]
+        call_id = f"{self._token()}@{host}"
+        headers = (
+            ("Via", str(self._via(transport))),
+            ("Max-Forwards", "70"),
+            ("From", f"<sip:{self.config.user}@{host}>;tag={self._token()}"),
+            ("To", f"<{target}>"),
+            ("Call-ID", call_id),
+            ("CSeq", "1 INVITE"),
+            ("Contact", self._contact(transport)),
+            ("Allow", ALLOW),
+            ("Supported", "timer"),
+            ("Session-Expires", str(self.config.session_expires)),
+            ("Min-SE", str(self.config.min_se)),
+            ("User-Agent", self.config.user_agent),
+            ("Content-Type", "application/sdp"),
+        )
+        invite = Request(headers, sdp.encode(), "INVITE", target)
+        dialog = Dialog.for_uac(invite, self._contact(transport))
+        peer = proxy or self._resolve(target)
+        call = Call(call_id, True, dialog, peer, transport, invite, local_sdp=sdp)
+        call.credentials = credentials
+        self.calls[call_id] = call
+        return call_id, self._start_invite(call, invite, now)
+
+    def _start_invite(self, call: Call, invite: Request, now: float) -> list[Output]:
+        transaction, sends = self.stack.start_client(invite, call.peer, call.transport, now)
+        assert isinstance(transaction, ClientInvite)
+        call.invite = invite
+        call.client_invite = transaction
+        return list(sends)
+
+    def _retry_invite(self, call: Call, extra: tuple[str, str], now: float) -> list[Output]:
+        """Re-send our INVITE with a new branch, the next CSeq and one replaced header."""
+        old = call.invite
+        seq = old.cseq.seq + 1
+        name = extra[0].lower()
+        headers = [(n, v) for n, v in old.headers if n.lower() not in ("via", "cseq", name)]
+        headers[:0] = [("Via", str(self._via(call.transport))), ("CSeq", f"{seq} INVITE")]
+        invite = replace(old, headers=(*headers, extra))
+        call.dialog.local_seq = seq
+        return self._start_invite(call, invite, now)
+
+    def _cancel(self, call: Call, now: float) -> list[Output]:
+        invite = call.invite
+        headers = [("Via", str(invite.vias[0]))]
+        headers += [(n, v) for n, v in invite.headers if n in ("From", "To", "Call-ID", "Route")]
+        headers += [("Max-Forwards", "70"), ("CSeq", f"{invite.cseq.seq} CANCEL")]
+        cancel = Request(tuple(headers), b"", "CANCEL", invite.uri)
+        return self._send(cancel, call.peer, call.transport, now)
+
+    def _on_invite_response(self, call: Call, response: Response, now: float) -> list[Output]:
+        status = response.status
+        out: list[Output] = []
+        if status < 200:
+            if response.to_addr.tag:
+                call.dialog.learn_from_response(response)
+            if call.hangup_requested and not call.cancelled:
+                call.cancelled = True
+                return self._cancel(call, now)
+            if status in (180, 183) and not call.ringing:
+                call.ringing = True
+                out.append(CallRinging(call.call_id, status))
+            return out
+        if status < 300:
+            return self._on_invite_success(call, response, now)
+        if status in (401, 407) and call.credentials is not None:
+            retry = self._authorize(call.invite, response, call.credentials, call.auth_nonces)
+            if retry is not None:
+                return self._retry_invite(call, retry, now)
+        if status == 422:
+            interval = session_timer.retry_interval(response)
+            if interval > int(call.invite.header("Session-Expires") or "0"):
+                return self._retry_invite(call, ("Session-Expires", str(interval)), now)
+        retry_after = (response.header("Retry-After") or "").split(";")[0].strip()
+        after = int(retry_after) if retry_after.isdigit() and len(retry_after) < 9 else None
+        reason = "cancelled" if status == 487 else "rejected"
+        return self._end(call, reason, status, after)
+
+    def _on_invite_success(self, call: Call, response: Response, now: float) -> list[Output]:
+        if call.ack is not None:
+            return [Outgoing(call.ack, call.peer, call.transport)]  # our ACK was lost
+        call.dialog.learn_from_response(response)
+        call.dialog.advance(DialogInput.ANSWER)
+        ack = call.dialog.request("ACK", self._via(call.transport), cseq=call.invite.cseq.seq)
+        call.ack = ack.encode()
+        call.confirmed = call.answered = True
+        call.last_refresh = now
+        call.session_timer = session_timer.from_uac_response(response)
+        call.peer_update = "UPDATE" in [a.upper() for a in response.header_values("Allow")]
+        out: list[Output] = [Outgoing(call.ack, call.peer, call.transport)]
+        try:
+            call.remote_sdp = parse_sdp(response.body) if response.body else None
+        except SipParseError:
+            return [*out, *self._bye(call, now), *self._end(call, "bad_sdp")]
+        if call.hangup_requested:
+            return [*out, *self._bye(call, now), *self._end(call, "local_hangup")]
+        return [*out, CallAnswered(call.call_id, call.remote_sdp)]
+
+    def _authorize(
+        self,
+        request: Request,
+        response: Response,
+        credentials: digest.Credentials,
+        nonces: set[str],
+    ) -> tuple[str, str] | None:
+        """The Authorization header answering a 401/407, unless this nonce already failed."""
+        header = "WWW-Authenticate" if response.status == 401 else "Proxy-Authenticate"
+        value = response.header(header)
+        if value is None:
+            return None
+        try:
+            challenge = digest.parse_challenge(value)
+        except SipParseError:
+            return None
+        if challenge.nonce in nonces and not challenge.stale:
+            return None
+        nonces.add(challenge.nonce)
+        answer = digest.authorization(
+            challenge, credentials, request.method, str(request.uri), self._token()
+        )
+        name = "Authorization" if response.status == 401 else "Proxy-Authorization"
+        return name, answer
+
+    # -- registration --------------------------------------------------------------------
+
+    def register(
+        self,
+        registrar: str,
+        aor: str,
+        now: float,
+        *,
+        credentials: digest.Credentials | None = None,
+        expires: int = 3600,
+        proxy: Address | None = None,
+        transport: str = "udp",
+    ) -> list[Output]:
+        """Register `aor` (expires=0 removes the binding); refreshed before it lapses."""
+        target = parse_uri(registrar)
+        existing = self.registrations.get(aor)
+        registration = existing or Registration(
+            aor,
+            target,
+            proxy or self._resolve(target),
+            transport,
+            f"{self._token()}@{self.config.address[0]}",
+            self._token(),
+            credentials,
+            expires,
+        )
+        registration.expires = expires
+        self.registrations[aor] = registration
+        return self._send_register(registration, now)
+
+    def _send_register(self, registration: Registration, now: float) -> list[Output]:
+        registration.cseq += 1
+        registration.refresh_at = None
+        headers = [
+            ("Via", str(self._via(registration.transport))),
+            ("Max-Forwards", "70"),
+            ("From", f"<{registration.aor}>;tag={registration.from_tag}"),
+            ("To", f"<{registration.aor}>"),
+            ("Call-ID", registration.call_id),
+            ("CSeq", f"{registration.cseq} REGISTER"),
+            ("Contact", self._contact(registration.transport)),
+            ("Expires", str(registration.expires)),
+            ("User-Agent", self.config.user_agent),
+        ]
+        if registration.authorization is not None:
+            headers.append(registration.authorization)
+        request = Request(tuple(headers), b"", "REGISTER", registration.registrar)
+        transaction, sends = self.stack.start_client(
+            request, registration.peer, registration.transport, now
+        )
+        registration.transaction = transaction
+        return list(sends)
+
+    def _granted_expiry(self, registration: Registration, response: Response) -> int:
+        """The registrar may shorten our binding: our Contact's expires, else Expires."""
+        host, port = self.config.address
+        for contact in response.contacts:
+            uri, value = contact.uri, param(contact.params, "expires")
+            ours = isinstance(uri, SipUri) and (uri.host, uri.port) == (host, port)
+            if ours and value is not None and value.isdigit() and len(value) < 10:
+                return int(value)
+        value = (response.header("Expires") or "").strip()
+        return int(value) if value.isdigit() and len(value) < 10 else registration.expires
+
+    def _on_register_response(
+        self, registration: Registration, response: Response, now: float
+    ) -> list[Output]:
+        status = response.status
+        if status < 200:
+            return []
+        if status < 300:
+            registration.authorization = None
+            expires = self._granted_expiry(registration, response)
+            if expires == 0:
+                del self.registrations[registration.aor]
+            else:
+                registration.refresh_at = now + max(1.0, expires - min(60.0, expires / 2))
+            return [Registered(registration.aor, expires)]
+        if status in (401, 407) and registration.credentials is not None:
+            transaction = registration.transaction
+            assert isinstance(transaction, ClientNonInvite)
+            answer = self._authorize(
+                transaction.request, response, registration.credentials, registration.nonces
+            )
+            if answer is not None:
+                registration.authorization = answer
+                return self._send_register(registration, now)
+        del self.registrations[registration.aor]
+        return [RegistrationFailed(registration.aor, status)]

@@ -1,0 +1,141 @@
+"""HTTP Digest authentication for SIP (RFC 3261 22, RFC 2617, RFC 7616): the client side.
+
+A trunk or registrar answers 401 (WWW-Authenticate) or 407 (Proxy-Authenticate); the UA
+retries with Authorization or Proxy-Authorization computed here. MD5 and SHA-256 (and their
+-sess variants) with qop=auth, or the RFC 2069 form when the server offers no qop. auth-int is
+not offered by the trunks Cadence targets and is refused. The client nonce and count are passed
+in, so the computation stays deterministic and testable.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+
+from gateway.sip.headers import SipParseError, split_outside_quotes
+
+_HASHES = {"MD5": "md5", "SHA-256": "sha256"}
+
+
+@dataclass(frozen=True)
+class Challenge:
+    realm: str
+    nonce: str
+    algorithm: str = "MD5"
+    qop: tuple[str, ...] = ()
+    opaque: str | None = None
+    stale: bool = False
+
+
+@dataclass(frozen=True)
+class Credentials:
+    username: str
+    password: str
+
+
+def _unquote(value: str) -> str:
+    value = value.strip()
+    if len(value) >= 2 and value[0] == value[-1] == '"':
+        return value[1:-1].replace('\\"', '"').replace("\\\\", "\\")
+    return value
+
+
+def parse_auth_params(value: str) -> tuple[str, dict[str, str]]:
+    """`Scheme k=v, k="v"` -> (scheme, {lowercase key: unquoted value})."""
+    scheme, _, rest = value.strip().partition(" ")
+    params: dict[str, str] = {}
+    for item in split_outside_quotes(rest, ","):
+        if not item.strip():
+            continue
+        key, eq, raw = item.partition("=")
+        if not eq or not key.strip():
+            raise SipParseError(f"bad auth parameter {item!r}")
+        params[key.strip().lower()] = _unquote(raw)
+    return scheme, params
+
+
+def parse_challenge(value: str) -> Challenge:
+    scheme, params = parse_auth_params(value)
+    if scheme.lower() != "digest" or "realm" not in params or "nonce" not in params:
+        raise SipParseError(f"not a digest challenge: {value[:80]!r}")
+    algorithm = params.get("algorithm", "MD5").upper()
+    if algorithm.removesuffix("-SESS") not in _HASHES:
+        raise SipParseError(f"unsupported digest algorithm {algorithm!r}")
+    qop = tuple(q.strip().lower() for q in params.get("qop", "").split(",") if q.strip())
+    if qop and "auth" not in qop:
+        raise SipParseError("server requires a qop other than auth")
+    return Challenge(
+        params["realm"],
+        params["nonce"],
+        algorithm,
+        qop,
+        params.get("opaque"),
+        params.get("stale", "").lower() == "true",
+    )
+
+
+def _hash(algorithm: str, text: str) -> str:
+    return hashlib.new(_HASHES[algorithm.removesuffix("-SESS")], text.encode()).hexdigest()
+
+
+def response_digest(
+    challenge: Challenge,
+    credentials: Credentials,
+    method: str,
+    uri: str,
+    cnonce: str,
+    nonce_count: int,
+) -> str:
+    """The request-digest: H(HA1:nonce[:nc:cnonce:qop]:HA2)."""
+    algorithm = challenge.algorithm
+    ha1 = _hash(algorithm, f"{credentials.username}:{challenge.realm}:{credentials.password}")
+    if algorithm.endswith("-SESS"):
+        ha1 = _hash(algorithm, f"{ha1}:{challenge.nonce}:{cnonce}")
+    ha2 = _hash(algorithm, f"{method}:{uri}")
+    if "auth" in challenge.qop:
+        return _hash(algorithm, f"{ha1}:{challenge.nonce}:{nonce_count:08x}:{cnonce}:auth:{ha2}")
+    return _hash(algorithm, f"{ha1}:{challenge.nonce}:{ha2}")
+
+
+def authorization(
+    challenge: Challenge,
+    credentials: Credentials,
+    method: str,
+    uri: str,
+    cnonce: str,
+    nonce_count: int = 1,
+) -> str:
+    """The value of the Authorization / Proxy-Authorization header answering `challenge`."""
+    digest = response_digest(challenge, credentials, method, uri, cnonce, nonce_count)
+    parts = [
+        f'username="{credentials.username}"',
+        f'realm="{challenge.realm}"',
+        f'nonce="{challenge.nonce}"',
+        f'uri="{uri}"',
+        f'response="{digest}"',
+        f"algorithm={challenge.algorithm}",
+    ]
+    if "auth" in challenge.qop:
+        parts += [f'cnonce="{cnonce}"', "qop=auth", f"nc={nonce_count:08x}"]
+    if challenge.opaque is not None:
+        parts.append(f'opaque="{challenge.opaque}"')
+    return "Digest " + ", ".join(parts)
+
+
+def verify(value: str, method: str, challenge: Challenge, password: str) -> bool:
+    """Server side check of an Authorization value against the challenge we issued."""
+    scheme, params = parse_auth_params(value)
+    if scheme.lower() != "digest" or params.get("nonce") != challenge.nonce:
+        return False
+    nc_text = params.get("nc", "1")
+    if not all(c in "0123456789abcdefABCDEF" for c in nc_text):
+        return False
+    expected = response_digest(
+        challenge,
+        Credentials(params.get("username", ""), password),
+        method,
+        params.get("uri", ""),
+        params.get("cnonce", ""),
+        int(nc_text, 16),
+    )
+    return params.get("response") == expected

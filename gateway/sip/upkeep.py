@@ -1,0 +1,174 @@
+"""Keeping calls alive and honest: responses to our requests and the per-call timers.
+
+`Upkeep` sits between `Caller` (our outbound requests) and `Agent` (the inbound side). It
+routes every response to the call or registration whose transaction sent the request, sends
+our re-INVITEs (hold/resume, or a session refresh when the peer lacks UPDATE) and UPDATEs,
+retransmits our 2xx until its ACK (RFC 3261 13.3.1.4), and fires the per-call deadlines: ring
+timeout, missing ACK, session refresh or expiry (RFC 4028), and transaction timeouts, each of
+which ends the call rather than leaving it, and its engine slot, behind.
+"""
+
+from __future__ import annotations
+
+from gateway.sip import session_timer
+from gateway.sip.call import Call
+from gateway.sip.caller import ALLOW, Caller
+from gateway.sip.events import HoldChanged, MessageDropped, Output, RegistrationFailed
+from gateway.sip.headers import SipParseError
+from gateway.sip.message import Response, response_to
+from gateway.sip.sdp import parse_sdp
+from gateway.sip.transaction import (
+    Address,
+    ClientInvite,
+    ClientNonInvite,
+    Outgoing,
+    Transaction,
+)
+
+CallTxn = ClientInvite | ClientNonInvite
+
+
+class Upkeep(Caller):
+    # -- responses -----------------------------------------------------------------------
+
+    def _on_response(self, response: Response, source: Address, now: float) -> list[Output]:
+        transaction = self.stack.match_response(response)
+        if transaction is None:
+            return [MessageDropped(source, "stray response")]
+        step = transaction.receive(response, now)
+        out: list[Output] = list(step.sends)
+        if step.deliver is not None:
+            out += self._deliver(transaction, step.deliver, now)
+        return out
+
+    def _deliver(self, transaction: CallTxn, response: Response, now: float) -> list[Output]:
+        for registration in self.registrations.values():
+            if registration.transaction is transaction:
+                return self._on_register_response(registration, response, now)
+        call = self.calls.get(response.call_id)
+        if call is None:
+            return []
+        if transaction is call.client_invite:
+            return self._on_invite_response(call, response, now)
+        if transaction is call.reinvite:
+            return self._on_reinvite_response(call, response, now)
+        if transaction is call.refresh and response.status >= 200:
+            return self._on_refresh_response(call, response, now)
+        return []
+
+    def _peer_gone(self, call: Call, status: int) -> bool:
+        """408 and 481 to an in-dialog request mean the dialog is dead (RFC 5057)."""
+        return status in (408, 481)
+
+    def _on_reinvite_response(self, call: Call, response: Response, now: float) -> list[Output]:
+        if response.status < 200:
+            return []
+        if response.status >= 300:
+            if self._peer_gone(call, response.status):
+                return [*self._bye(call, now), *self._end(call, "remote_gone")]
+            return []
+        if call.reinvite_ack is not None:
+            return [Outgoing(call.reinvite_ack, call.peer, call.transport)]
+        assert call.reinvite is not None
+        seq = call.reinvite.request.cseq.seq
+        ack = call.dialog.request("ACK", self._via(call.transport), cseq=seq)
+        call.reinvite_ack = ack.encode()
+        out: list[Output] = [Outgoing(call.reinvite_ack, call.peer, call.transport)]
+        self._take_timer(call, response, now)
+        try:
+            remote = parse_sdp(response.body) if response.body else None
+        except SipParseError:
+            return [*out, *self._bye(call, now), *self._end(call, "bad_sdp")]
+        if remote is not None and call.reinvite_direction is not None:
+            call.remote_sdp = remote
+            call.direction = call.reinvite_direction
+            out.append(HoldChanged(call.call_id, call.reinvite_direction, remote))
+        return out
+
+    def _on_refresh_response(self, call: Call, response: Response, now: float) -> list[Output]:
+        if self._peer_gone(call, response.status):
+            return [*self._bye(call, now), *self._end(call, "remote_gone")]
+        if response.status < 300:
+            self._take_timer(call, response, now)
+        return []
+
+    def _take_timer(self, call: Call, response: Response, now: float) -> None:
+        if response.header("Session-Expires") is not None:
+            call.session_timer = session_timer.from_uac_response(response)
+        call.last_refresh = now
+
+    # -- requests we send inside a dialog ----------------------------------------------
+
+    def _refresh_headers(self, call: Call) -> tuple[tuple[str, str], ...]:
+        headers = [("Allow", ALLOW), ("Supported", "timer")]
+        if call.session_timer is not None:
+            headers.append(("Session-Expires", call.session_timer.header(we_are_uac=True)))
+        return tuple(headers)
+
+    def _send_reinvite(self, call: Call, direction: str | None, now: float) -> list[Output]:
+        assert call.local_sdp is not None
+        headers = (*self._refresh_headers(call), ("Content-Type", "application/sdp"))
+        body = call.local_sdp.encode()
+        request = call.dialog.request("INVITE", self._via(call.transport), body, headers)
+        transaction, sends = self.stack.start_client(request, call.peer, call.transport, now)
+        assert isinstance(transaction, ClientInvite)
+        call.reinvite, call.reinvite_ack, call.reinvite_direction = transaction, None, direction
+        return list(sends)
+
+    def _send_refresh(self, call: Call, now: float) -> list[Output]:
+        call.last_refresh = now  # the next refresh is due half an interval after this one
+        if not call.peer_update:
+            if call.reinvite_pending() or call.local_sdp is None:
+                return []
+            return self._send_reinvite(call, None, now)
+        request = call.dialog.request(
+            "UPDATE", self._via(call.transport), headers=self._refresh_headers(call)
+        )
+        call.refresh, sends = self.stack.start_client(request, call.peer, call.transport, now)
+        return list(sends)
+
+    # -- timers --------------------------------------------------------------------------
+
+    def _start_ok_retransmission(self, call: Call, sent: Output, now: float) -> None:
+        assert isinstance(sent, Outgoing)
+        timers = self.config.timers
+        call.ok_response, call.ok_destination = sent.data, sent.destination
+        call.ok_interval = timers.t1
+        call.ok_next = now + timers.t1 if call.transport == "udp" else None
+        call.ok_give_up = now + 64 * timers.t1
+
+    def _on_transaction_timeout(self, transaction: Transaction, now: float) -> list[Output]:
+        for aor, registration in list(self.registrations.items()):
+            if registration.transaction is transaction:
+                del self.registrations[aor]
+                return [RegistrationFailed(aor, None)]
+        for call in list(self.calls.values()):
+            if transaction is call.client_invite:
+                return self._end(call, "timeout")
+            if transaction is call.reinvite or transaction is call.refresh:
+                return [*self._bye(call, now), *self._end(call, "timeout")]
+        return []
+
+    def _call_timers(self, call: Call, now: float) -> list[Output]:
+        if call.ring_deadline is not None and call.ring_deadline <= now:
+            assert call.server_invite is not None
+            response = response_to(call.invite, 480, call.dialog.local_tag)
+            sends = call.server_invite.respond(response, now).sends
+            return [*sends, *self._end(call, "ring_timeout")]
+        if call.ok_give_up is not None and call.ok_give_up <= now:
+            call.stop_ok_retransmission()
+            reason = "local_hangup" if call.hangup_requested else "no_ack"
+            return [*self._bye(call, now), *self._end(call, reason)]
+        out: list[Output] = []
+        if call.ok_next is not None and call.ok_next <= now and call.ok_response is not None:
+            destination = call.ok_destination or call.peer
+            out.append(Outgoing(call.ok_response, destination, call.transport))
+            call.ok_interval = min(2 * call.ok_interval, self.config.timers.t2)
+            call.ok_next = now + call.ok_interval
+        timer = call.session_timer
+        if timer is not None and call.confirmed and timer.deadline(call.last_refresh) <= now:
+            if timer.we_refresh:
+                out += self._send_refresh(call, now)
+            else:
+                out += [*self._bye(call, now), *self._end(call, "session_expired")]
+        return out
