@@ -75,9 +75,7 @@ def lm_sources(config: LmConfig) -> dict[str, list[Source]]:
     """Where each parameter of `MoshiLm` comes from in an LM checkpoint."""
     dim, dep, steps = config.dim, config.depformer_dim, config.audio_codebooks
     sources: dict[str, list[Source]] = {
-        "emb": [
-            _stacked([f"emb.{k}.weight" for k in range(2 * steps)], (config.card + 1, dim))
-        ],
+        "emb": [_stacked([f"emb.{k}.weight" for k in range(2 * steps)], (config.card + 1, dim))],
         "text_emb": [_one("text_emb.weight", (config.text_card + 1, dim))],
         "text_linear.weight": [_one("text_linear.weight", (config.text_card, dim))],
         "out_norm.alpha": [_one("out_norm.alpha", (1, 1, dim))],
@@ -88,7 +86,9 @@ def lm_sources(config: LmConfig) -> dict[str, list[Source]]:
             _one("depformer_text_emb.weight", (config.text_card + 1, dep))
         ],
         "depformer.depformer_emb": [
-            _stacked([f"depformer_emb.{s}.weight" for s in range(steps - 1)], (config.card + 1, dep))
+            _stacked(
+                [f"depformer_emb.{s}.weight" for s in range(steps - 1)], (config.card + 1, dep)
+            )
         ],
         "depformer.linears": [
             _stacked([f"linears.{s}.weight" for s in range(steps)], (config.card, dep))

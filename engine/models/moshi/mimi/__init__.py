@@ -1,0 +1,1 @@
+"""Mimi, Kyutai's streaming speech codec: SEANet convolutions, transformers, split RVQ."""

@@ -1,0 +1,88 @@
+"""The Mimi codec for all slots, one 80 ms frame per step, kept in fp32 (as Kyutai does).
+
+    encode: pcm float32 [slots, 1920] -> codes int64 [slots, 8]
+        SEANet encoder (25 Hz) -> transformer -> strided conv to 12.5 Hz -> split RVQ
+    decode: codes int64 [slots, 8] -> pcm float32 [slots, 1920]
+        RVQ lookup -> transposed conv to 25 Hz -> transformer -> SEANet decoder
+
+Encoder and decoder state reset separately: a call's decoder starts with its first emitted
+frame, one step after its encoder (the LM emits nothing at step 0).
+"""
+
+import torch
+from torch import Tensor, nn
+
+from engine.models.moshi.config import MimiConfig
+from engine.models.moshi.mimi.quantizer import SplitQuantizer
+from engine.models.moshi.mimi.seanet import (
+    StreamingConv1d,
+    StreamingConvTranspose1d,
+    reset_all,
+    seanet_decoder,
+    seanet_encoder,
+)
+from engine.models.moshi.mimi.transformer import MimiTransformer
+
+
+class MimiCodec(nn.Module):
+    def __init__(self, config: MimiConfig, slots: int, device: torch.device) -> None:
+        super().__init__()
+        self.config = config
+        shape = {
+            "n_filters": config.n_filters,
+            "dimension": config.seanet_dim,
+            "ratios": config.ratios,
+            "kernel_size": config.kernel_size,
+            "last_kernel_size": config.last_kernel_size,
+            "residual_kernel_size": config.residual_kernel_size,
+            "dilation_base": config.dilation_base,
+            "n_residual_layers": config.n_residual_layers,
+            "compress": config.compress,
+            "slots": slots,
+            "device": device,
+        }
+        self.encoder = seanet_encoder(**shape)  # type: ignore[arg-type]
+        self.decoder = seanet_decoder(**shape)  # type: ignore[arg-type]
+
+        def transformer() -> MimiTransformer:
+            return MimiTransformer(
+                dim=config.seanet_dim,
+                num_heads=config.transformer_heads,
+                num_layers=config.transformer_layers,
+                ffn=config.transformer_ffn,
+                context=config.transformer_context,
+                max_period=config.max_period,
+                slots=slots,
+                device=device,
+            )
+
+        self.encoder_transformer = transformer()
+        self.decoder_transformer = transformer()
+        stride = config.encoder_steps_per_frame
+        dim = config.seanet_dim
+        self.downsample = StreamingConv1d(
+            dim, dim, 2 * stride, slots, device, stride=stride, bias=False, replicate=True
+        )
+        # channel-wise (groups = dim), as the released Mimi was trained
+        self.upsample = StreamingConvTranspose1d(
+            dim, dim, 2 * stride, stride, slots, device, groups=dim, bias=False
+        )
+        self.quantizer = SplitQuantizer(
+            config.codebooks, config.bins, config.quantizer_dim, dim, device
+        )
+
+    def reset_encoder(self, mask: Tensor) -> None:
+        for part in (self.encoder, self.encoder_transformer, self.downsample):
+            reset_all(part, mask)
+
+    def reset_decoder(self, mask: Tensor) -> None:
+        for part in (self.upsample, self.decoder_transformer, self.decoder):
+            reset_all(part, mask)
+
+    def encode(self, pcm: Tensor) -> Tensor:
+        latent = self.encoder_transformer(self.encoder(pcm[:, None, :]))
+        return self.quantizer.encode(self.downsample(latent))[:, :, 0]
+
+    def decode(self, codes: Tensor) -> Tensor:
+        latent = self.upsample(self.quantizer.decode(codes[:, :, None]))
+        return self.decoder(self.decoder_transformer(latent))[:, 0, :]
