@@ -1,0 +1,222 @@
+"""Whole call flows between two real agents wired in one process (UAC dials UAS)."""
+
+from __future__ import annotations
+
+from gateway.sip import digest
+from gateway.sip.agent import Agent
+from gateway.sip.events import (
+    CallAnswered,
+    CallConfirmed,
+    CallEnded,
+    CallRinging,
+    HoldChanged,
+    IncomingCall,
+    Output,
+)
+from gateway.sip.message import Request, parse_message, response_to
+from gateway.sip.sdp import Origin, answer, offer
+from gateway.sip.transaction import Address, Outgoing
+from tests.gateway.sip.wire import Wire, make_agent
+
+UAS_URI = "sip:cadence@127.0.0.1:5070"
+
+
+def pair(**options: object) -> tuple[Agent, Agent, Wire]:
+    uac, uas = make_agent(5060, 1, **options), make_agent(5070, 2, **options)
+    return uac, uas, Wire(uac, uas)
+
+
+def dial(uac: Agent, wire: Wire, **kwargs: object) -> str:
+    sdp = offer(Origin("uac", 1, 1, "127.0.0.1"), "127.0.0.1", 40000)
+    call_id, out = uac.dial(UAS_URI, sdp, wire.now, **kwargs)  # type: ignore[arg-type]
+    wire.take(uac, out)
+    wire.pump()
+    return call_id
+
+
+def answer_call(uas: Agent, wire: Wire, call_id: str) -> None:
+    incoming = wire.of(uas, IncomingCall)[-1]
+    assert incoming.remote_sdp is not None
+    local, stream = answer(
+        incoming.remote_sdp, Origin("uas", 7, 1, "127.0.0.1"), "127.0.0.1", 42000
+    )
+    assert stream is not None
+    wire.take(uas, uas.ring(call_id, wire.now))
+    wire.take(uas, uas.answer(call_id, local, wire.now))
+    wire.pump()
+
+
+def test_basic_call_invite_ringing_answer_ack_bye() -> None:
+    uac, uas, wire = pair()
+    call_id = dial(uac, wire)
+    assert [type(e) for e in wire.events[uas.config.address]] == [IncomingCall]
+    answer_call(uas, wire, call_id)
+    assert wire.of(uac, CallRinging) == [CallRinging(call_id, 180)]
+    assert len(wire.of(uac, CallAnswered)) == 1
+    assert wire.of(uas, CallConfirmed) == [CallConfirmed(call_id)]
+    assert wire.sent(uac) == [
+        f"INVITE {UAS_URI} SIP/2.0",
+        "ACK sip:cadence@127.0.0.1:5070 SIP/2.0",
+    ]
+    assert wire.sent(uas) == ["SIP/2.0 100 Trying", "SIP/2.0 180 Ringing", "SIP/2.0 200 OK"]
+    wire.take(uac, uac.hangup(call_id, wire.now))
+    wire.pump()
+    assert wire.of(uas, CallEnded) == [CallEnded(call_id, "remote_hangup")]
+    assert wire.of(uac, CallEnded) == [CallEnded(call_id, "local_hangup")]
+    wire.advance(wire.now + 64)
+    for agent in (uac, uas):
+        assert agent.live_dialogs() == 0
+        assert agent.live_transactions() == 0
+    assert wire.sent(uas)[-1] == "SIP/2.0 200 OK"
+
+
+def test_lost_ok_is_retransmitted_until_ack() -> None:
+    uac, uas, wire = pair()
+    call_id = dial(uac, wire)
+    lost = {"first": True}
+
+    def lose_first_ok(source: Address, item: Outgoing) -> bool:
+        if item.data.startswith(b"SIP/2.0 200") and lost["first"]:
+            lost["first"] = False
+            return True
+        return False
+
+    wire.drop = lose_first_ok
+    answer_call(uas, wire, call_id)
+    assert wire.of(uac, CallAnswered) == []
+    wire.advance(wire.now + 0.6)
+    assert len(wire.of(uac, CallAnswered)) == 1
+    assert wire.of(uas, CallConfirmed) == [CallConfirmed(call_id)]
+    wire.advance(wire.now + 10)
+    assert wire.sent(uas).count("SIP/2.0 200 OK") == 2
+
+
+def test_cancel_before_answer_gets_487() -> None:
+    uac, uas, wire = pair()
+    call_id = dial(uac, wire)
+    wire.take(uas, uas.ring(call_id, wire.now))
+    wire.pump()
+    wire.take(uac, uac.hangup(call_id, wire.now))
+    wire.pump()
+    assert "CANCEL sip:cadence@127.0.0.1:5070 SIP/2.0" in wire.sent(uac)
+    assert wire.sent(uas)[-2:] == ["SIP/2.0 200 OK", "SIP/2.0 487 Request Terminated"]
+    assert wire.of(uas, CallEnded) == [CallEnded(call_id, "cancelled")]
+    assert wire.of(uac, CallEnded) == [CallEnded(call_id, "local_hangup")]
+    wire.advance(wire.now + 64)
+    assert (uac.live_dialogs(), uas.live_dialogs()) == (0, 0)
+    assert (uac.live_transactions(), uas.live_transactions()) == (0, 0)
+    # The 487 was acknowledged inside the INVITE transaction, never answered by a BYE.
+    assert not any(line.startswith("BYE") for line in wire.sent(uac))
+
+
+def test_hangup_before_any_provisional_cancels_on_first_1xx() -> None:
+    uac, uas, wire = pair()
+    sdp = offer(Origin("uac", 1, 1, "127.0.0.1"), "127.0.0.1", 40000)
+    call_id, out = uac.dial(UAS_URI, sdp, wire.now)
+    wire.take(uac, uac.hangup(call_id, wire.now))  # before the INVITE has even left
+    wire.take(uac, out)
+    wire.pump()
+    assert wire.of(uas, CallEnded) == [CallEnded(call_id, "cancelled")]
+    wire.advance(wire.now + 64)
+    assert uac.live_dialogs() == uas.live_dialogs() == 0
+
+
+def test_hold_and_resume_by_reinvite() -> None:
+    uac, uas, wire = pair()
+    call_id = dial(uac, wire)
+    answer_call(uas, wire, call_id)
+    wire.take(uac, uac.reinvite(call_id, "sendonly", wire.now))
+    wire.pump()
+    held = wire.of(uas, HoldChanged)
+    assert [e.direction for e in held] == ["recvonly"]
+    assert [e.direction for e in wire.of(uac, HoldChanged)] == ["sendonly"]
+    wire.take(uac, uac.reinvite(call_id, "sendrecv", wire.now))
+    wire.pump()
+    assert [e.direction for e in wire.of(uas, HoldChanged)] == ["recvonly", "sendrecv"]
+    wire.advance(wire.now + 40)
+    assert uac.live_dialogs() == uas.live_dialogs() == 1
+    assert wire.of(uas, CallEnded) == []
+
+
+def test_busy_engine_rejects_with_503_and_retry_after() -> None:
+    uac, uas, wire = pair()
+    call_id = dial(uac, wire)
+    wire.take(uas, uas.reject(call_id, 503, wire.now, retry_after=30))
+    wire.pump()
+    assert wire.of(uac, CallEnded) == [CallEnded(call_id, "rejected", 503, 30)]
+    assert wire.of(uas, CallEnded) == [CallEnded(call_id, "rejected", 503, 30)]
+    assert "ACK sip:cadence@127.0.0.1:5070 SIP/2.0" in wire.sent(uac)
+    wire.advance(wire.now + 64)
+    assert uac.live_transactions() == uas.live_transactions() == 0
+
+
+class ChallengingAgent(Agent):
+    """A UAS that demands digest credentials for INVITE, like a carrier trunk does."""
+
+    password = "s3cret"
+    challenge = digest.Challenge("cadence.test", "nonce-1", "SHA-256", ("auth",), "opaque-1")
+
+    def receive(self, data: bytes, source: Address, transport: str, now: float) -> list[Output]:
+        message = parse_message(data)
+        if isinstance(message, Request) and message.method == "INVITE":
+            credentials = message.header("Authorization")
+            if credentials is None or not digest.verify(
+                credentials, "INVITE", self.challenge, self.password
+            ):
+                value = (
+                    'Digest realm="cadence.test", nonce="nonce-1", algorithm=SHA-256, '
+                    'qop="auth", opaque="opaque-1"'
+                )
+                reply = response_to(message, 401, "t1", (("WWW-Authenticate", value),))
+                return [Outgoing(reply.encode(), source, transport)]
+        return super().receive(data, source, transport, now)
+
+
+def test_digest_challenge_and_retry() -> None:
+    uac = make_agent(5060, 1)
+    uas = ChallengingAgent(make_agent(5070, 2).config, make_agent(5070, 2).rng)
+    wire = Wire(uac, uas)
+    credentials = digest.Credentials("alice", "s3cret")
+    call_id = dial(uac, wire, credentials=credentials)
+    invites = [line for line in wire.sent(uac) if line.startswith("INVITE")]
+    assert len(invites) == 2
+    assert len(wire.of(uas, IncomingCall)) == 1
+    answer_call(uas, wire, call_id)
+    assert len(wire.of(uac, CallAnswered)) == 1
+
+
+def test_wrong_password_is_not_retried_forever() -> None:
+    uac = make_agent(5060, 1)
+    uas = ChallengingAgent(make_agent(5070, 2).config, make_agent(5070, 2).rng)
+    wire = Wire(uac, uas)
+    call_id = dial(uac, wire, credentials=digest.Credentials("alice", "wrong"))
+    assert wire.of(uac, CallEnded) == [CallEnded(call_id, "rejected", 401)]
+    assert len([line for line in wire.sent(uac) if line.startswith("INVITE")]) == 2
+
+
+def test_session_timer_refresh_keeps_call_and_expiry_ends_it() -> None:
+    uac, uas, wire = pair(session_expires=90, min_se=90)
+    call_id = dial(uac, wire)
+    answer_call(uas, wire, call_id)
+    wire.advance(200)
+    assert wire.sent(uac).count("UPDATE sip:cadence@127.0.0.1:5070 SIP/2.0") == 4
+    assert uac.live_dialogs() == uas.live_dialogs() == 1
+
+    def drop_refresh(source: Address, item: Outgoing) -> bool:
+        return item.data.startswith(b"UPDATE")
+
+    wire.drop = drop_refresh
+    wire.advance(400)
+    assert wire.of(uas, CallEnded) == [CallEnded(call_id, "session_expired")]
+    assert wire.of(uac, CallEnded) == [CallEnded(call_id, "remote_hangup")]
+    wire.advance(500)
+    assert uac.live_dialogs() == uas.live_dialogs() == 0
+    assert uac.live_transactions() == uas.live_transactions() == 0
+
+
+def test_unanswered_inbound_call_times_out_with_480() -> None:
+    uac, uas, wire = pair(ring_timeout_s=30.0)
+    call_id = dial(uac, wire)
+    wire.advance(31)
+    assert wire.of(uas, CallEnded) == [CallEnded(call_id, "ring_timeout")]
+    assert wire.of(uac, CallEnded) == [CallEnded(call_id, "rejected", 480)]
