@@ -215,6 +215,14 @@ def gated_hidden(dim: int, dim_feedforward: int) -> int:
     return (2 * dim_feedforward) // 3
 
 
+def _context(lm_kwargs: dict[str, Any], base: MoshiConfig, context: int | None) -> int:
+    """Explicit, else the shorter of the configured ring and the checkpoint's own context."""
+    if context is not None:
+        return context
+    trained = lm_kwargs.get("context")
+    return base.lm.context if trained is None else min(int(trained), base.lm.context)
+
+
 def from_kyutai_lm_kwargs(
     lm_kwargs: dict[str, Any], base: MoshiConfig, context: int | None = None
 ) -> MoshiConfig:
@@ -247,7 +255,7 @@ def from_kyutai_lm_kwargs(
         num_layers=int(lm_kwargs["num_layers"]),
         ffn_hidden=gated_hidden(dim, int(float(lm_kwargs["hidden_scale"]) * dim)),
         max_period=float(lm_kwargs.get("max_period", 10000)),
-        context=context if context is not None else base.lm.context,
+        context=_context(lm_kwargs, base, context),
         depformer_dim=dep_dim,
         depformer_num_heads=int(lm_kwargs["depformer_num_heads"]),
         depformer_num_layers=int(lm_kwargs["depformer_num_layers"]),

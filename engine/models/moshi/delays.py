@@ -111,3 +111,10 @@ class TokenDelays(nn.Module):
         tokens = self.cache[:, : self.model_streams].gather(2, index)[:, :, 0]
         flags = self.provided[:, : self.model_streams].gather(2, index)[:, :, 0]
         return tokens, flags
+
+    def seed(self, slot: int, offset: int, tokens: Tensor) -> None:
+        """Put one slot at step `offset` with tokens: int64 [streams] as what that step reads
+        (nothing provided); used after a prompt replay."""
+        self.offsets[slot] = offset
+        self.provided[slot] = False
+        self.cache[slot, :, offset % self.ring] = tokens

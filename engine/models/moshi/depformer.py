@@ -139,7 +139,8 @@ class Depformer(nn.Module):
             table = self.depformer_text_emb if step == 0 else self.depformer_emb[step - 1]
             x = F.linear(hidden, self.depformer_in[step]) + F.embedding(previous, table)[:, None]
             for index, layer in enumerate(self.layers):
-                x = layer(x, step, self.keys[index], self.values[index])
+                batch = x.shape[0]  # all slots, or 1 for a prompt replay
+                x = layer(x, step, self.keys[index, :batch], self.values[index, :batch])
             logits = F.linear(x[:, 0], self.linears[step])  # [B, card]
             token = sample(logits, how, generator)
             if forced is not None and forced_mask is not None:

@@ -115,3 +115,34 @@ class MoshiLm(nn.Module):
         )
         frame, emitted = self.delays.commit(torch.cat([text[:, None], audio], dim=1))
         return frame, emitted, text_logits
+
+    def replay(self, slot: int, frames: Tensor) -> None:
+        """Teacher-force a freshly reset slot through frames: int64 [P, streams] (see
+        prompt.py) in one prefill; the slot's next `step` is the first live one.
+
+        The P prefilled steps read the frames with their delays. The last one's outputs are
+        half given: its text and semantic tokens are sampled (nothing in the prompt follows),
+        its delayed codebooks are the last frame's.
+        """
+        steps = frames.shape[0]
+        if self.delays.max_delay != 1:
+            raise ValueError("prompt replay supports delays of 0 and 1 frames only")
+        delays = self.delays.delays
+        frames = frames.to(delays.device)
+        time = torch.arange(steps, device=delays.device)[:, None]  # [P, 1]
+        source = (time - delays[None, :]).clamp(min=0)  # frame index per step and stream
+        tokens = frames.gather(0, source)
+        tokens = torch.where(time <= delays[None, :], self.delays.initial[None, :], tokens)
+        hidden = self.out_norm(self.transformer.prefill(self.embed(tokens[None]), slot))
+        last = hidden[:, -1:]
+        text_logits = self.text_linear(last)[:, 0].float()
+        text = sample(text_logits, self.text_sampling, self.generator)
+        model_streams = self.delays.model_streams
+        delayed = (delays[1:model_streams] > 0)[None, :]
+        given = frames[-1:, 1:model_streams]
+        audio = self.depformer(last, text, self.audio_sampling, self.generator, given, delayed)
+        # the next step reads the sampled text and semantic tokens, and the delayed
+        # codebooks (model and user) of the last prompt frame
+        read_next = frames[-1].clone()
+        read_next[:model_streams] = torch.cat([text, audio[0]])
+        self.delays.seed(slot, steps, read_next)
