@@ -262,6 +262,10 @@ class Agent(Upkeep):
         )
         if min_se is not None:
             return [*trying, *self._respond(txn, 422, now, (("Min-SE", str(min_se)),))]
+        content_type = (request.header("Content-Type") or "").split(";")[0].strip().lower()
+        if request.body and content_type != "application/sdp":
+            accept = (("Accept", "application/sdp"),)
+            return [*trying, *self._respond(txn, 415, now, accept)]
         try:
             remote = parse_sdp(request.body) if request.body else None
         except SipParseError:

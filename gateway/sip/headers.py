@@ -182,10 +182,12 @@ def parse_uri(text: str) -> Uri:
         return TelUri(number, parse_params(params))
     if lower not in ("sip", "sips"):
         return AbsoluteUri(text)
-    rest, _, headers = rest.partition("?")
+    # The user part may hold '?' and ';' (RFC 3261 25.1 user-unreserved) but never '@', so
+    # split userinfo off first and only then look for URI headers.
     userinfo, at, hostpart = rest.rpartition("@")
     if not at:
         hostpart = rest
+    hostpart, _, headers = hostpart.partition("?")
     user: str | None = None
     password: str | None = None
     if at:
@@ -196,6 +198,20 @@ def parse_uri(text: str) -> Uri:
     hostport, *params = hostpart.split(";")
     host, port = _parse_hostport(hostport)
     return SipUri(lower, host, user, password, port, parse_params(params), headers)
+
+
+def _outside_quotes_index(text: str, char: str) -> int:
+    in_quotes = escaped = False
+    for index, current in enumerate(text):
+        if escaped:
+            escaped = False
+        elif in_quotes and current == "\\":
+            escaped = True
+        elif current == '"':
+            in_quotes = not in_quotes
+        elif current == char and not in_quotes:
+            return index
+    return -1
 
 
 @dataclass(frozen=True)
@@ -221,11 +237,14 @@ class NameAddr:
 
 def parse_name_addr(text: str) -> NameAddr:
     text = text.strip()
-    if "<" in text:
-        head, _, tail = text.partition("<")
+    angle = _outside_quotes_index(text, "<")
+    if angle >= 0:
+        head, tail = text[:angle], text[angle + 1 :]
         uri_text, close, after = tail.partition(">")
         if not close:
             raise SipParseError(f"missing '>' in {text!r}")
+        if uri_text != uri_text.strip():
+            raise SipParseError(f"whitespace inside <> in {text!r}")
         display = head.strip()
         if display.startswith('"'):
             if not display.endswith('"') or len(display) < 2:

@@ -19,6 +19,7 @@ from gateway.sip.headers import (
     CSeq,
     NameAddr,
     SipParseError,
+    SipUri,
     Uri,
     Via,
     is_token,
@@ -230,12 +231,12 @@ def _validate(message: Message) -> int | None:
         if len([h for h in message.headers if h[0] == name]) != 1:
             raise SipParseError(f"need exactly one {name}")
     message.from_addr, message.to_addr, message.contacts, message.routes  # noqa: B018
-    message.record_routes  # noqa: B018
+    message.record_routes, message.cseq  # noqa: B018
     if not message.call_id or any(c.isspace() for c in message.call_id):
         raise SipParseError("bad Call-ID")
     max_forwards = message.header("Max-Forwards")
     if max_forwards is not None and (
-        not max_forwards.isdigit() or len(max_forwards) > 3 or int(max_forwards) > 255
+        not max_forwards.isdigit() or len(max_forwards) > 9 or int(max_forwards) > 255
     ):
         raise SipParseError(f"bad Max-Forwards {max_forwards!r}")
     lengths = {v for n, v in message.headers if n == "Content-Length"}
@@ -272,7 +273,10 @@ def parse_message(data: bytes) -> Request | Response:
             raise SipParseError(f"bad request line {start[:80]!r}")
         if parts[2] != "SIP/2.0":
             raise SipParseError(f"unsupported version {parts[2][:20]!r}", status=505)
-        message = Request(headers, b"", parts[0], parse_uri(parts[1]))
+        uri = parse_uri(parts[1])
+        if isinstance(uri, SipUri) and uri.headers:
+            raise SipParseError("escaped headers in a Request-URI")  # RFC 4475 3.1.2.11
+        message = Request(headers, b"", parts[0], uri)
     length = _validate(message)
     if isinstance(message, Request) and message.cseq.method != message.method:
         raise SipParseError("CSeq method does not match the request method")
@@ -324,6 +328,7 @@ REASONS = {
     405: "Method Not Allowed",
     407: "Proxy Authentication Required",
     408: "Request Timeout",
+    415: "Unsupported Media Type",
     416: "Unsupported URI Scheme",
     420: "Bad Extension",
     422: "Session Interval Too Small",
