@@ -75,7 +75,7 @@ def parse_challenge(value: str) -> Challenge:
 
 
 def _hash(algorithm: str, text: str) -> str:
-    return hashlib.new(_HASHES[algorithm.removesuffix("-SESS")], text.encode()).hexdigest()
+    return hashlib.new(_HASHES[algorithm.upper().removesuffix("-SESS")], text.encode()).hexdigest()
 
 
 def response_digest(
@@ -89,7 +89,7 @@ def response_digest(
     """The request-digest: H(HA1:nonce[:nc:cnonce:qop]:HA2)."""
     algorithm = challenge.algorithm
     ha1 = _hash(algorithm, f"{credentials.username}:{challenge.realm}:{credentials.password}")
-    if algorithm.endswith("-SESS"):
+    if algorithm.upper().endswith("-SESS"):
         ha1 = _hash(algorithm, f"{ha1}:{challenge.nonce}:{cnonce}")
     ha2 = _hash(algorithm, f"{method}:{uri}")
     if "auth" in challenge.qop:

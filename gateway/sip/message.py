@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field, replace
+from typing import Self
 
 from gateway.sip.headers import (
     CSeq,
@@ -159,12 +160,12 @@ class Message:
             raise SipParseError(f"missing {name}")
         return value
 
-    def with_header(self, name: str, value: str, *, first: bool = False) -> Message:
+    def with_header(self, name: str, value: str, *, first: bool = False) -> Self:
         entry = (canonical_name(name), value)
         headers = (entry, *self.headers) if first else (*self.headers, entry)
         return replace(self, headers=headers)
 
-    def without_header(self, name: str) -> Message:
+    def without_header(self, name: str) -> Self:
         wanted = canonical_name(name).lower()
         return replace(self, headers=tuple(h for h in self.headers if h[0].lower() != wanted))
 
@@ -383,7 +384,7 @@ def error_response(data: bytes, error: SipParseError) -> bytes | None:
     if start.startswith("SIP/") or method == "ACK" or not is_token(method):
         return None
     wanted = ("Via", "From", "To", "Call-ID", "CSeq")
-    copied = tuple((n, v) for n, v in headers if n in wanted)
+    copied = tuple((n, v) for name in wanted for n, v in headers if n == name)
     if {n for n, _ in copied} != set(wanted):
         return None
     reason = REASONS.get(error.status, "Bad Request")

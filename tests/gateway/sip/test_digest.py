@@ -1,0 +1,82 @@
+"""Digest authentication against the worked examples of RFC 2617 and RFC 7616."""
+
+from __future__ import annotations
+
+import pytest
+
+from gateway.sip.digest import (
+    Challenge,
+    Credentials,
+    authorization,
+    parse_auth_params,
+    parse_challenge,
+    response_digest,
+    verify,
+)
+from gateway.sip.headers import SipParseError
+
+RFC7616_NONCE = "7ypf/xlj9XXwfDPEoM4URrv/xwf94BcCAzFZH4GiTo0v"
+RFC7616_CNONCE = "f2/wE4q74E6zIJEtWaHKaf5wv/H5QzzpXusqGemxURZJ"
+
+
+def test_rfc2617_md5_example() -> None:
+    challenge = Challenge(
+        "testrealm@host.com", "dcd98b7102dd2f0e8b11d0f600bfb0c093", "MD5", ("auth",)
+    )
+    credentials = Credentials("Mufasa", "Circle Of Life")
+    digest = response_digest(challenge, credentials, "GET", "/dir/index.html", "0a4f113b", 1)
+    assert digest == "6629fae49393a05397450978507c4ef1"
+
+
+@pytest.mark.parametrize(
+    ("algorithm", "expected"),
+    [
+        ("MD5", "8ca523f5e9506fed4657c9700eebdbec"),
+        ("SHA-256", "753927fa0e85d155564e2e272a28d1802ca10daf4496794697cf8db5856cb6c1"),
+    ],
+)
+def test_rfc7616_examples(algorithm: str, expected: str) -> None:
+    challenge = Challenge("http-auth@example.org", RFC7616_NONCE, algorithm, ("auth",))
+    credentials = Credentials("Mufasa", "Circle of Life")
+    digest = response_digest(challenge, credentials, "GET", "/dir/index.html", RFC7616_CNONCE, 1)
+    assert digest == expected
+
+
+def test_parse_challenge_from_asterisk_style_header() -> None:
+    value = 'Digest  realm="asterisk",nonce="1701253201/abc",opaque="7e5a",algorithm=md5,qop="auth"'
+    assert parse_challenge(value) == Challenge(
+        "asterisk", "1701253201/abc", "MD5", ("auth",), "7e5a"
+    )
+
+
+def test_authorization_round_trips_through_verify() -> None:
+    challenge = Challenge("trunk", "n1", "SHA-256-sess", ("auth", "auth-int"), "op")
+    value = authorization(challenge, Credentials("alice", "pw"), "REGISTER", "sip:trunk", "c1", 2)
+    scheme, params = parse_auth_params(value)
+    assert scheme == "Digest"
+    assert (params["nc"], params["qop"], params["opaque"]) == ("00000002", "auth", "op")
+    assert verify(value, "REGISTER", challenge, "pw")
+    assert not verify(value, "REGISTER", challenge, "wrong")
+    assert not verify(value, "INVITE", challenge, "pw")
+
+
+def test_rfc2069_form_without_qop() -> None:
+    challenge = Challenge("r", "n")
+    value = authorization(challenge, Credentials("u", "p"), "INVITE", "sip:x", "c")
+    assert "qop" not in value
+    assert verify(value, "INVITE", challenge, "p")
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        'Basic realm="x"',
+        'Digest nonce="n"',
+        'Digest realm="r", nonce="n", algorithm=SHA-512-256',
+        'Digest realm="r", nonce="n", qop="auth-int"',
+        'Digest realm="r", nonce',
+    ],
+)
+def test_unusable_challenges_raise(value: str) -> None:
+    with pytest.raises(SipParseError):
+        parse_challenge(value)
