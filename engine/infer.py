@@ -1,0 +1,175 @@
+"""`cadence infer`: run a WAV file through a model offline, with the same batched `step` the
+engine runs live (one slot, one 80 ms frame per step).
+
+Reads any PCM WAV (8/16/24/32-bit integer, mono or interleaved channels, any rate; channels
+are averaged, the rate converted with soxr), writes 16-bit mono WAV at the model rate, and
+optionally the emitted tokens of every frame as JSON lines:
+
+    {"frame": 3, "tokens": [text, audio_1, ..., audio_8], "text": " hello"}
+
+One trailing frame of silence is stepped so the last input frame's answer is emitted; tokens
+are -1 where nothing was emitted yet (the first frame). Bad input files and missing or
+mismatched checkpoints exit with status 2 and a one-line message.
+"""
+
+import argparse
+import json
+import logging
+import sys
+import wave
+from pathlib import Path
+
+import numpy as np
+from numpy.typing import NDArray
+
+logger = logging.getLogger(__name__)
+
+EXIT_USAGE = 2
+SAMPLE_WIDTH_SCALE = {1: 128.0, 2: 32768.0, 3: 8388608.0, 4: 2147483648.0}
+
+
+class InputError(ValueError):
+    """An input file that cannot be used; reported in one line, exit status 2."""
+
+
+def add_infer_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--model", choices=["moshi"], default="moshi", help="model family")
+    parser.add_argument("--checkpoint", type=Path, help="checkpoint directory (Kyutai layout)")
+    parser.add_argument("--input", type=Path, required=True, help="input WAV file")
+    parser.add_argument("--output", type=Path, required=True, help="output WAV file")
+    parser.add_argument("--tokens", type=Path, help="write each frame's tokens as JSON lines")
+    parser.add_argument("--greedy", action="store_true", help="greedy decoding (no sampling)")
+    parser.add_argument(
+        "--config", default="7b", help="tiny | 7b | moshiko | personaplex | a .json/.toml file"
+    )
+    parser.add_argument(
+        "--random-weights", type=int, metavar="SEED", help="seeded random weights, no checkpoint"
+    )
+    parser.add_argument("--device", default="cpu", help="cpu | cuda | cuda:N")
+    parser.add_argument(
+        "--dtype", choices=["float32", "bfloat16"], help="LM dtype (default: bf16 on CUDA)"
+    )
+    parser.add_argument("--seed", type=int, default=0, help="sampling seed")
+    parser.add_argument("--voice-prompt", type=Path, help="PersonaPlex: WAV of the voice")
+    parser.add_argument("--text-prompt", help="PersonaPlex: role text (needs the tokenizer)")
+
+
+def read_wav(path: Path) -> tuple[NDArray[np.float32], int]:
+    """Mono float32 samples in [-1, 1] and the sample rate of an integer PCM WAV."""
+    try:
+        with wave.open(str(path), "rb") as wav:
+            channels = wav.getnchannels()
+            width = wav.getsampwidth()
+            rate = wav.getframerate()
+            raw = wav.readframes(wav.getnframes())
+    except (OSError, EOFError, wave.Error) as error:
+        raise InputError(f"cannot read WAV {path}: {error}") from error
+    if width not in SAMPLE_WIDTH_SCALE:
+        raise InputError(f"unsupported WAV sample width in {path}: {width} bytes")
+    if width == 1:
+        samples = np.frombuffer(raw, np.uint8).astype(np.float32) - 128.0
+    elif width == 3:
+        triples = np.frombuffer(raw, np.uint8).reshape(-1, 3).astype(np.int32)
+        signed = triples[:, 0] | (triples[:, 1] << 8) | (triples[:, 2] << 16)
+        samples = np.where(signed >= 1 << 23, signed - (1 << 24), signed).astype(np.float32)
+    else:
+        samples = np.frombuffer(raw, f"<i{width}").astype(np.float32)
+    samples = samples / SAMPLE_WIDTH_SCALE[width]
+    if samples.size == 0:
+        raise InputError(f"WAV {path} holds no audio")
+    mono = samples.reshape(-1, channels).mean(axis=1)
+    return mono.astype(np.float32), rate
+
+
+def write_wav(path: Path, pcm: NDArray[np.float32], rate: int) -> None:
+    pcm_i16 = (np.clip(pcm, -1.0, 1.0) * 32767.0).round().astype("<i2")
+    with wave.open(str(path), "wb") as wav:
+        wav.setnchannels(1)
+        wav.setsampwidth(2)
+        wav.setframerate(rate)
+        wav.writeframes(pcm_i16.tobytes())
+
+
+def resample(pcm: NDArray[np.float32], rate: int, target: int) -> NDArray[np.float32]:
+    if rate == target:
+        return pcm
+    import soxr
+
+    return np.asarray(soxr.resample(pcm, rate, target), dtype=np.float32)
+
+
+def run_infer(args: argparse.Namespace) -> int:
+    # torch and the model load lazily: the CLI imports this module for its arguments
+    import torch
+
+    from engine.models.moshi.checkpoint import CheckpointError
+    from engine.models.moshi.config import load_config
+    from engine.models.moshi.model import build_moshi
+    from engine.models.moshi.prompt import personaplex_frames
+
+    try:
+        if (args.checkpoint is None) == (args.random_weights is None):
+            raise InputError("give exactly one of --checkpoint DIR and --random-weights SEED")
+        config = load_config(args.config)
+        pcm, rate = read_wav(args.input)
+        device = torch.device(args.device)
+        dtype_name = args.dtype or ("bfloat16" if device.type == "cuda" else "float32")
+        model = build_moshi(
+            config,
+            1,
+            device,
+            getattr(torch, dtype_name),
+            checkpoint_dir=args.checkpoint,
+            random_weights_seed=args.random_weights,
+            greedy=args.greedy,
+            sampling_seed=args.seed,
+        )
+        frame = model.frame
+        if args.voice_prompt is not None or args.text_prompt is not None:
+            voice = np.zeros(0, np.float32)
+            if args.voice_prompt is not None:
+                voice_pcm, voice_rate = read_wav(args.voice_prompt)
+                voice = resample(voice_pcm, voice_rate, frame.sample_rate)
+            text: list[int] = []
+            if args.text_prompt:
+                if model.tokenizer is None:
+                    raise InputError("--text-prompt needs a tokenizer file in the checkpoint")
+                text = model.tokenizer.encode(args.text_prompt)
+            voice_codes = (
+                model.encode_audio(voice)
+                if voice.size
+                else torch.zeros(0, config.lm.audio_codebooks, dtype=torch.long)
+            )
+            frames = personaplex_frames(
+                voice_codes.cpu(), text, text_padding_id=config.lm.text_padding_id
+            )
+            model.set_prompt(frames)
+    except (InputError, CheckpointError, ValueError) as error:
+        sys.stderr.write(f"cadence infer: {error}\n")
+        return EXIT_USAGE
+
+    pcm = resample(pcm, rate, frame.sample_rate)
+    steps = -(-pcm.shape[0] // frame.samples) + 1  # + 1: flush the one-frame delay
+    padded = np.zeros(steps * frame.samples, np.float32)
+    padded[: pcm.shape[0]] = pcm
+    outputs = []
+    token_lines = []
+    active = np.ones(1, np.bool_)
+    for index in range(steps):
+        pcm_in = padded[None, index * frame.samples : (index + 1) * frame.samples]
+        out = model.step(pcm_in, np.array([index == 0]), active)
+        outputs.append(out.pcm[0])
+        tokens = [int(t) for t in out.tokens[0]]
+        line: dict[str, object] = {"frame": index, "tokens": tokens}
+        if model.tokenizer is not None:
+            line["text"] = model.tokenizer.piece(tokens[0])
+        token_lines.append(json.dumps(line))
+    try:
+        write_wav(args.output, np.concatenate(outputs), frame.sample_rate)
+        if args.tokens is not None:
+            args.tokens.write_text("".join(f"{line}\n" for line in token_lines))
+    except OSError as error:
+        sys.stderr.write(f"cadence infer: cannot write output: {error}\n")
+        return EXIT_USAGE
+    logger.info("wrote %d frames to %s", steps, args.output)
+    return 0

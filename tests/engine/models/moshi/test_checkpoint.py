@@ -1,0 +1,177 @@
+"""Loading checkpoints written by the reference, through `run_infer`, and every bad case."""
+
+import argparse
+import json
+import wave
+from pathlib import Path
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("moshi")
+
+import numpy as np  # noqa: E402
+from safetensors.torch import load_file, save_file  # noqa: E402
+
+from engine.infer import add_infer_arguments, read_wav, run_infer, write_wav  # noqa: E402
+from engine.models.moshi.checkpoint import CheckpointError  # noqa: E402
+from engine.models.moshi.files import LM_NAME, MIMI_NAME  # noqa: E402
+from engine.models.moshi.model import build_moshi  # noqa: E402
+from tests.engine.models.moshi import kyutai  # noqa: E402
+
+SEED = 31
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, object, object]:
+    directory = tmp_path_factory.mktemp("checkpoint")
+    kwargs = kyutai.lm_kwargs()
+    lm = kyutai.build_lm(kwargs, SEED)
+    mimi = kyutai.build_mimi(kyutai.tiny_config().mimi, SEED + 1)
+    kyutai.save_checkpoint(directory, lm, mimi, kwargs)
+    return directory, lm, mimi
+
+
+def infer(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser()
+    add_infer_arguments(parser)
+    return run_infer(parser.parse_args(argv))
+
+
+def test_run_infer_loads_reference_checkpoint_and_matches_it(
+    reference: tuple[Path, object, object], tmp_path: Path
+) -> None:
+    directory, lm, mimi = reference
+    frames = 12
+    pcm = (0.2 * torch.randn(frames * 1920, generator=torch.Generator().manual_seed(4))).numpy()
+    # 48 kHz stereo in: exercises channel averaging and soxr
+    import soxr
+
+    stereo = np.stack([soxr.resample(pcm, 24000, 48000)] * 2, axis=1)
+    source = tmp_path / "in.wav"
+    with wave.open(str(source), "wb") as wav:
+        wav.setnchannels(2)
+        wav.setsampwidth(2)
+        wav.setframerate(48000)
+        wav.writeframes((np.clip(stereo, -1, 1) * 32767).round().astype("<i2").tobytes())
+    argv = ["--checkpoint", str(directory), "--config", "tiny", "--greedy"]
+    argv += ["--input", str(source), "--output", str(tmp_path / "out.wav")]
+    argv += ["--tokens", str(tmp_path / "tokens.jsonl")]
+    assert infer(argv) == 0
+    lines = [json.loads(line) for line in (tmp_path / "tokens.jsonl").read_text().splitlines()]
+    assert [line["frame"] for line in lines] == list(range(frames + 1))
+    got = np.array([line["tokens"] for line in lines])
+    heard, rate = read_wav(source)
+    resampled = soxr.resample(heard, rate, 24000).astype(np.float32)
+    padded = np.zeros((frames + 1) * 1920, np.float32)
+    padded[: resampled.shape[0]] = resampled
+    want, want_pcm = kyutai.run_reference(lm, mimi, torch.from_numpy(padded))
+    np.testing.assert_array_equal(got, want.numpy())
+    out, out_rate = read_wav(tmp_path / "out.wav")
+    assert out_rate == 24000 and out.shape[0] == (frames + 1) * 1920
+    np.testing.assert_allclose(out, want_pcm.numpy().reshape(-1).clip(-1, 1), atol=2 / 32767)
+
+
+def write_variant(source: Path, target: Path, edit_lm: object) -> Path:
+    target.mkdir()
+    state = load_file(str(source / LM_NAME))
+    edit_lm(state)  # type: ignore[operator]
+    save_file(state, str(target / LM_NAME))
+    (target / MIMI_NAME).write_bytes((source / MIMI_NAME).read_bytes())
+    (target / "config.json").write_text((source / "config.json").read_text())
+    return target
+
+
+def load(directory: Path) -> None:
+    build_moshi(kyutai.tiny_config(), 1, "cpu", torch.float32, checkpoint_dir=directory)
+
+
+def test_missing_tensor_is_named(reference: tuple[Path, object, object], tmp_path: Path) -> None:
+    def drop(state: dict[str, torch.Tensor]) -> None:
+        del state["transformer.layers.1.gating.linear_out.weight"]
+
+    with pytest.raises(CheckpointError, match=r"missing tensor transformer\.layers\.1\.gating"
+                       r"\.linear_out\.weight \(expected shape \[64, 176\]\)"):
+        load(write_variant(reference[0], tmp_path / "ckpt", drop))
+
+
+def test_unexpected_tensor_is_named(
+    reference: tuple[Path, object, object], tmp_path: Path
+) -> None:
+    def add(state: dict[str, torch.Tensor]) -> None:
+        state["transformer.layers.0.extra.weight"] = torch.zeros(3, 2)
+
+    with pytest.raises(CheckpointError, match=r"unexpected tensor transformer\.layers\.0\.extra"
+                       r"\.weight \(shape \[3, 2\]\)"):
+        load(write_variant(reference[0], tmp_path / "ckpt", add))
+
+
+def test_mismatched_shape_names_both_shapes(
+    reference: tuple[Path, object, object], tmp_path: Path
+) -> None:
+    def shrink(state: dict[str, torch.Tensor]) -> None:
+        state["text_linear.weight"] = state["text_linear.weight"][:10].contiguous()
+
+    with pytest.raises(CheckpointError, match=r"tensor text_linear\.weight has shape \[10, 64\], "
+                       r"expected \[64, 64\]"):
+        load(write_variant(reference[0], tmp_path / "ckpt", shrink))
+
+
+def test_fused_projections_load_like_split_ones(
+    reference: tuple[Path, object, object], tmp_path: Path
+) -> None:
+    """The released files store attention projections fused (`in_proj_weight`)."""
+
+    def fuse(state: dict[str, torch.Tensor]) -> None:
+        for key in [k for k in state if k.endswith("self_attn.in_projs.0.weight")]:
+            prefix = key.removesuffix("in_projs.0.weight")
+            steps = sorted(k for k in state if k.startswith(prefix + "in_projs."))
+            state[prefix + "in_proj_weight"] = torch.cat([state.pop(k) for k in steps])
+            outs = sorted(k for k in state if k.startswith(prefix + "out_projs."))
+            state[prefix + "out_proj.weight"] = torch.cat([state.pop(k) for k in outs])
+
+    directory = reference[0]
+    split = build_moshi(kyutai.tiny_config(), 1, "cpu", torch.float32, checkpoint_dir=directory)
+    fused_dir = write_variant(directory, tmp_path / "fused", fuse)
+    fused = build_moshi(kyutai.tiny_config(), 1, "cpu", torch.float32, checkpoint_dir=fused_dir)
+    for (name, a), (_, b) in zip(
+        split.lm.named_parameters(), fused.lm.named_parameters(), strict=True
+    ):
+        assert torch.equal(a, b), name
+
+
+def test_missing_files_and_unreadable_input_exit_2(
+    reference: tuple[Path, object, object], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    good_wav = tmp_path / "in.wav"
+    write_wav(good_wav, np.zeros(1920, np.float32), 24000)
+    out = ["--output", str(tmp_path / "out.wav"), "--config", "tiny"]
+    assert infer(["--checkpoint", str(tmp_path / "nowhere"), "--input", str(good_wav), *out]) == 2
+    assert "checkpoint directory not found" in capsys.readouterr().err
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    assert infer(["--checkpoint", str(empty), "--input", str(good_wav), *out]) == 2
+    assert f"checkpoint file not found: {empty / LM_NAME}" in capsys.readouterr().err
+    bad_wav = tmp_path / "bad.wav"
+    bad_wav.write_bytes(b"RIFF but not really a wave file")
+    assert infer(["--checkpoint", str(reference[0]), "--input", str(bad_wav), *out]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("cadence infer: cannot read WAV") and err.count("\n") == 1
+    assert infer(["--input", str(good_wav), *out]) == 2
+    assert "exactly one of --checkpoint" in capsys.readouterr().err
+    corrupt = write_variant(reference[0], tmp_path / "corrupt", lambda state: None)
+    (corrupt / LM_NAME).write_bytes(b"\x00" * 64)
+    assert infer(["--checkpoint", str(corrupt), "--input", str(good_wav), *out]) == 2
+    assert f"cannot read {corrupt / LM_NAME}" in capsys.readouterr().err
+
+
+def test_random_weights_run_on_the_tiny_config(tmp_path: Path) -> None:
+    source = tmp_path / "in.wav"
+    write_wav(source, 0.1 * np.sin(np.arange(3 * 1920, dtype=np.float32) / 9), 16000)
+    argv = ["--random-weights", "5", "--config", "tiny", "--input", str(source)]
+    argv += ["--output", str(tmp_path / "out.wav"), "--tokens", str(tmp_path / "t.jsonl")]
+    assert infer(argv) == 0
+    lines = (tmp_path / "t.jsonl").read_text().splitlines()
+    assert len(lines) == -(-3 * 1920 * 24000 // 16000 // 1920) + 1
+    assert json.loads(lines[0])["tokens"] == [-1] * 9
+    assert min(json.loads(lines[1])["tokens"]) >= 0
