@@ -168,8 +168,8 @@ class SharedRing:
         off = _Offsets.of(spec)
         s, d, n, k = spec.slots, spec.depth, spec.frame_samples, spec.tokens
         buf = shm.buf
-        self.header = np.ndarray((), HEADER_DTYPE, buf, 0)
-        self.control = np.ndarray((s,), CONTROL_DTYPE, buf, off.control)
+        self.header: NDArray[np.void] = np.ndarray((), HEADER_DTYPE, buf, 0)
+        self.control: NDArray[np.void] = np.ndarray((s,), CONTROL_DTYPE, buf, off.control)
         self.up_stamps: NDArray[np.uint64] = np.ndarray((s, d), np.uint64, buf, off.up_stamps)
         self.up_pcm: NDArray[np.int16] = np.ndarray((s, d, n), np.int16, buf, off.up_pcm)
         self.down_stamps: NDArray[np.uint64] = np.ndarray((s, d), np.uint64, buf, off.down_stamps)
@@ -208,7 +208,7 @@ class SharedRing:
         if shm.size < HEADER_BYTES:
             shm.close()
             raise RingError(f"segment {name!r} is too small to be a Cadence ring")
-        header = np.ndarray((), HEADER_DTYPE, shm.buf, 0).copy()
+        header: NDArray[np.void] = np.ndarray((), HEADER_DTYPE, shm.buf, 0).copy()
         if bytes(header["magic"]) != MAGIC or int(header["version"]) != LAYOUT_VERSION:
             shm.close()
             raise RingError(
@@ -275,7 +275,7 @@ class SharedRing:
         gen = before >> np.uint64(32)
         frame = before & np.uint64(0xFFFFFFFF)
         fresh = (gen == generations[:, None]) & (frame > last[:, None]) & (before != 0)
-        newest = np.where(fresh, frame, np.uint64(0)).max(axis=1)
+        newest: NDArray[np.uint64] = np.where(fresh, frame, np.uint64(0)).max(axis=1)
         rows = np.flatnonzero(newest)
         if rows.size == 0:
             return newest

@@ -33,7 +33,9 @@ RETRY_AFTER_S = {"full": 5, "draining": 30, "unavailable": 10}
 STALE_HEARTBEAT_S = 1.0
 
 
-def error(status: int, code: str, detail: str, headers: dict[str, str] | None = None) -> web.Response:
+def error(
+    status: int, code: str, detail: str, headers: dict[str, str] | None = None
+) -> web.Response:
     return web.json_response({"error": code, "detail": detail}, status=status, headers=headers)
 
 
@@ -42,9 +44,9 @@ async def create_call(request: web.Request) -> web.Response:
     try:
         body = await request.json(loads=json.loads)
     except (json.JSONDecodeError, UnicodeDecodeError):
-        return error(400, "bad_request", "the body must be JSON: {\"sdp\": ..., \"type\": \"offer\"}")
+        return error(400, "bad_request", 'the body must be JSON: {"sdp": ..., "type": "offer"}')
     if not isinstance(body, dict) or not isinstance(body.get("sdp"), str):
-        return error(400, "bad_request", "the body needs an \"sdp\" string")
+        return error(400, "bad_request", 'the body needs an "sdp" string')
     if body.get("type", "offer") != "offer":
         return error(400, "bad_request", "only SDP offers are accepted")
     if len(body["sdp"]) > MAX_OFFER_BYTES:

@@ -6,6 +6,7 @@ which releases the slot once and logs one JSON summary line.
 """
 
 import asyncio
+import contextlib
 import json
 import logging
 import time
@@ -110,16 +111,17 @@ class CallRegistry:
             return await self.engine.open(call_id)
         except EngineRefused as refused:
             self.metrics.admission_refusals.labels(refused.reason).inc()
-            raise CallRefused(refused.reason, f"engine refused the call: {refused.reason}") from None
+            raise CallRefused(
+                refused.reason, f"engine refused the call: {refused.reason}"
+            ) from None
         except EngineUnavailable as exc:
             self.metrics.admission_refusals.labels("unavailable").inc()
             raise CallRefused("unavailable", str(exc)) from None
 
     async def _release(self, lease: SlotLease) -> None:
-        try:
+        # if the engine is gone, it freed every slot of this gateway when the socket closed
+        with contextlib.suppress(EngineUnavailable):
             await self.engine.release(lease)
-        except EngineUnavailable:
-            pass  # the engine frees every slot of a gateway whose socket closed
 
     async def end(self, call_id: str, reason: str) -> dict[str, Any] | None:
         """End a call once, whoever asks; returns its final record."""

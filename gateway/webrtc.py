@@ -15,6 +15,7 @@ import logging
 import time
 from collections.abc import Awaitable, Callable
 
+import numpy as np
 from aiortc import (
     MediaStreamTrack,
     RTCConfiguration,
@@ -24,6 +25,7 @@ from aiortc import (
 )
 from aiortc.rtp import RtpPacket
 from av import AudioFrame
+from numpy.typing import NDArray
 
 from gateway.media.clock import PumpGrid
 from gateway.media.downlink import Downlink
@@ -67,18 +69,27 @@ class PacedAudioTrack(MediaStreamTrack):
         if due > now:
             await asyncio.sleep(due - now)
         pcm = self._downlink.next_packet()
-        frame = AudioFrame.from_ndarray(pcm.reshape(1, -1), format="s16", layout="mono")
-        frame.sample_rate = OPUS_RATE
-        frame.pts = self._pts
-        frame.time_base = fractions.Fraction(1, OPUS_RATE)
+        frame = stereo_frame(pcm, self._pts)
         self._pts += pcm.size
         return frame
+
+
+def stereo_frame(pcm: NDArray[np.int16], pts: int) -> AudioFrame:
+    """A 48 kHz frame with the mono signal on both channels.
+
+    aiortc's Opus encoder takes stereo; handing it mono makes libswresample upmix at -3 dB.
+    """
+    frame = AudioFrame.from_ndarray(np.repeat(pcm, 2).reshape(1, -1), format="s16", layout="stereo")
+    frame.sample_rate = OPUS_RATE
+    frame.pts = pts
+    frame.time_base = fractions.Fraction(1, OPUS_RATE)
+    return frame
 
 
 PacketSink = Callable[[RtpPacket, float], None]
 
 
-def _tap(receiver: object, opus_types: set[int], sink: PacketSink) -> None:
+def tap_receiver(receiver: object, opus_types: set[int], sink: PacketSink) -> None:
     """Route the receiver's RTP to `sink` instead of aiortc's jitter buffer and decoder."""
 
     async def handle_rtp_packet(packet: RtpPacket, arrival_time_ms: int) -> None:
@@ -125,7 +136,9 @@ async def answer(
         codecs = [c for c in transceiver._codecs if c.name == "opus"]  # negotiated by now
         if not codecs:
             raise OfferError("the offer does not include Opus")
-        _tap(transceiver.receiver, {c.payloadType for c in codecs}, sink)
+        tap_receiver(
+            transceiver.receiver, {c.payloadType for c in codecs if c.payloadType is not None}, sink
+        )
     except BaseException:
         await pc.close()
         raise

@@ -9,22 +9,18 @@ never leave a call permanently behind.
 from collections.abc import Iterable
 
 import numpy as np
-import soxr
 from numpy.typing import NDArray
 
 from engine.ring import DownlinkFrame
 from gateway.media.pcm import to_float32, to_int16
+from gateway.media.resample import Resampler
 
 
 class Downlink:
     def __init__(
         self, model_rate: int, codec_rate: int, packet_samples: int, max_queue_s: float
     ) -> None:
-        self._resampler = (
-            None
-            if model_rate == codec_rate
-            else soxr.ResampleStream(model_rate, codec_rate, 1, dtype="float32", quality="HQ")
-        )
+        self._resampler = None if model_rate == codec_rate else Resampler(model_rate, codec_rate)
         self.packet_samples = packet_samples
         self._rate = codec_rate
         self._max = round(max_queue_s * codec_rate)
@@ -43,7 +39,7 @@ class Downlink:
         for frame in frames:
             x = to_float32(frame.pcm)
             if self._resampler is not None:
-                x = self._resampler.resample_chunk(x)
+                x = self._resampler.process(x)
             self._append(x)
             self.frames += 1
             if frame.tokens.size:

@@ -103,7 +103,9 @@ class JitterBuffer:
         self._next: int | None = None  # extended sequence number to play next
         self._first_arrival_s: float | None = None
         self._transits: deque[float] = deque(maxlen=self._window_packets)
-        self._lateness: deque[float] = deque(maxlen=self._window_packets)
+        self._lateness = np.zeros(self._window_packets)  # ring of arrivals' lateness, s
+        self._lateness_count = 0
+        self._target_s: float | None = None  # cached until the next arrival
         self._delays: deque[float] = deque(maxlen=self.config.settle_packets)
         self._packet_samples = self.config.packet_samples
         self._ts_base: int | None = None  # unwrapping origin for timestamps
@@ -130,7 +132,9 @@ class JitterBuffer:
         transit = now_s - self._seconds(timestamp)
         self._transits.append(transit)
         lateness = transit - min(self._transits)
-        self._lateness.append(lateness)
+        self._lateness[self._lateness_count % self._lateness.size] = lateness
+        self._lateness_count += 1
+        self._target_s = None
         self._packets[ext] = _Packet(timestamp, payload, now_s, lateness)
         self._learn_duration(ext)
         if self._highest is None or ext > self._highest:
@@ -174,11 +178,15 @@ class JitterBuffer:
 
     @property
     def target_delay_s(self) -> float:
-        cfg = self.config
-        if len(self._lateness) < 2:
-            return cfg.min_delay_s
-        p95 = float(np.percentile(np.fromiter(self._lateness, float), 95))
-        return min(cfg.max_delay_s, max(cfg.min_delay_s, p95 + cfg.margin_s))
+        if self._target_s is None:
+            cfg = self.config
+            window = self._lateness[: min(self._lateness_count, self._lateness.size)]
+            p95 = 0.0
+            if window.size >= 2:
+                k = int(0.95 * (window.size - 1))
+                p95 = float(np.partition(window, k)[k])
+            self._target_s = min(cfg.max_delay_s, max(cfg.min_delay_s, p95 + cfg.margin_s))
+        return self._target_s
 
     @property
     def packet_s(self) -> float:

@@ -8,12 +8,12 @@ ring. The codec sits behind `AudioDecoder`, so Opus and G.711 share everything e
 from typing import Protocol
 
 import numpy as np
-import soxr
 from numpy.typing import NDArray
 
 from gateway.media.framer import Framer
 from gateway.media.jitter import Arrival, JitterBuffer, JitterConfig, Unit
 from gateway.media.pcm import to_float32, to_int16
+from gateway.media.resample import Resampler
 
 
 class AudioDecoder(Protocol):
@@ -40,9 +40,7 @@ class Uplink:
         self.jitter = JitterBuffer(jitter)
         self._decoder = decoder
         self._resampler = (
-            None
-            if decoder.rate == model_rate
-            else soxr.ResampleStream(decoder.rate, model_rate, 1, dtype="float32", quality="HQ")
+            None if decoder.rate == model_rate else Resampler(decoder.rate, model_rate)
         )
         self._pump_samples = round(pump_period_s * decoder.rate)
         self._credit = 0  # decoder-rate samples owed to the framer
@@ -64,7 +62,8 @@ class Uplink:
     def _play(self, now_s: float) -> NDArray[np.int16]:
         out = self.jitter.pull(now_s)
         if out.unit is Unit.PACKET:
-            assert out.payload is not None and out.delay_s is not None
+            assert out.payload is not None
+            assert out.delay_s is not None
             self._delays.append(out.delay_s)
             return self._decoder.decode(out.payload)
         if out.unit is Unit.WAITING:
@@ -77,7 +76,7 @@ class Uplink:
     def _feed(self, pcm: NDArray[np.int16]) -> None:
         x = to_float32(pcm)
         if self._resampler is not None:
-            x = self._resampler.resample_chunk(x)
+            x = self._resampler.process(x)
         self.framer.push(x)
 
     def take_delays(self) -> list[float]:

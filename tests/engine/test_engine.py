@@ -1,0 +1,148 @@
+"""The engine's pure parts and one real tick over a real ring and control socket."""
+
+import json
+import socket
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from engine.clock import TickClock
+from engine.control import ControlServer
+from engine.engine import Engine
+from engine.executors import build_executor
+from engine.metrics import EngineMetrics
+from engine.models.echo import EchoModel
+from engine.ring import DownlinkReader, RingSpec, SharedRing, UplinkWriter
+from engine.slots import AdmissionRefused, SlotTable
+
+PERIOD_NS = 80_000_000
+N = 1920
+
+
+def test_slot_table_admits_until_full_and_ignores_stale_closes() -> None:
+    table = SlotTable(2)
+    a = table.open("a", owner=1)
+    b = table.open("b", owner=2)
+    with pytest.raises(AdmissionRefused) as refused:
+        table.open("c", owner=1)
+    assert refused.value.reason == "full"
+    assert a.generation != b.generation
+    assert not table.close(a.slot, a.generation + 100), "a stale generation is ignored"
+    assert table.close(a.slot, a.generation)
+    c = table.open("c", owner=1)
+    assert c.slot == a.slot
+    assert c.generation > b.generation, "generations never repeat"
+    snap = table.snapshot()
+    assert list(snap.live) == [True, True]
+    assert snap.reset.sum() == 2, "both rows were opened since the last snapshot"
+    assert not table.snapshot().reset.any(), "a reset is reported once"
+    assert [i.call_id for i in table.close_owner(1)] == ["c"]
+    table.draining = True
+    with pytest.raises(AdmissionRefused, match="draining"):
+        table.open("d", owner=3)
+
+
+def test_tick_clock_skips_ticks_that_can_no_longer_be_met() -> None:
+    clock = TickClock(t0_ns=1_000, period_ns=PERIOD_NS)
+    assert clock.next_tick(-1, now_ns=0) == (0, 0)
+    assert clock.next_tick(4, now_ns=clock.release_ns(5) + 1) == (5, 0)
+    late = clock.deadline_ns(7) + 10
+    assert clock.next_tick(4, now_ns=late) == (8, 3)
+
+
+def test_echo_model_delays_one_tick_and_honours_masks() -> None:
+    model = EchoModel(3)
+    ones = np.ones((3, N), np.float32)
+    live = np.array([True, True, False])
+    none = np.zeros(3, np.bool_)
+    out = model.step(ones * 0.5, none, live)
+    assert not out.pcm.any(), "nothing is heard before one tick has passed"
+    out = model.step(ones * 0.25, np.array([False, True, False]), live)
+    assert np.allclose(out.pcm[0], 0.5)
+    assert not out.pcm[1].any(), "a reset row never plays the previous caller's audio"
+    assert not out.pcm[2].any(), "inactive rows are silent"
+    with pytest.raises(ValueError, match="pcm_in"):
+        model.step(np.ones((2, N), np.float32), none, live)
+
+
+@pytest.fixture
+def rig(tmp_path: Path) -> Iterator[tuple[Engine, ControlServer, Path]]:
+    spec = RingSpec(4, N, 24000, 0, 4, PERIOD_NS)
+    ring = SharedRing.create(f"cadence-test-engine-{time.monotonic_ns()}", spec)
+    table = SlotTable(4)
+    engine = Engine(build_executor("eager", EchoModel(4)), ring, table, EngineMetrics(), PERIOD_NS)
+    engine.clock = TickClock(time.monotonic_ns(), PERIOD_NS)
+    path = tmp_path / "engine.sock"
+    control = ControlServer(path, table, {"ring": ring.name}, engine.status, engine)
+    control.start()
+    yield engine, control, path
+    control.stop()
+    ring.close()
+
+
+def _ask(sock: socket.socket, request: dict[str, object]) -> dict[str, object]:
+    sock.sendall(json.dumps(request).encode() + b"\n")
+    data = b""
+    while not data.endswith(b"\n"):
+        data += sock.recv(65536)
+    reply = json.loads(data)
+    assert isinstance(reply, dict)
+    return reply
+
+
+def test_a_frame_comes_back_one_tick_later_with_counters(
+    rig: tuple[Engine, ControlServer, Path],
+) -> None:
+    engine, _, path = rig
+    with socket.socket(socket.AF_UNIX) as sock:
+        sock.connect(str(path))
+        opened = _ask(sock, {"op": "open", "call_id": "x"})
+        assert opened["ok"] is True
+        slot, gen = int(opened["slot"]), int(opened["generation"])  # type: ignore[call-overload]
+        writer = UplinkWriter(engine.ring, slot, gen)
+        reader = DownlinkReader(engine.ring, slot, gen)
+        frame = (np.arange(N) % 100).astype(np.int16)
+        assert writer.write(frame)
+        engine.tick(0)
+        assert writer.write(frame * 2)
+        engine.tick(1)
+        got = reader.read()
+        assert [f.frame for f in got] == [1, 2]
+        assert not got[0].pcm.any()
+        np.testing.assert_array_equal(got[1].pcm, frame)
+        engine.tick(2)  # no frame written: an underrun, fed as silence
+        status = _ask(sock, {"op": "status"})
+        (call,) = status["calls"]  # type: ignore[misc]
+        assert call["ticks"] == 3
+        assert call["underruns"] == 1
+        assert call["misses"] == 0
+        engine.clock = TickClock(time.monotonic_ns() - 3 * PERIOD_NS, PERIOD_NS)  # tick 3 is due
+        engine.stall_next_tick_s = PERIOD_NS / 1e9
+        assert engine.tick(3).missed
+        status = _ask(sock, {"op": "status"})
+        assert status["calls"][0]["misses"] == 1  # type: ignore[index]
+        assert _ask(sock, {"op": "close", "slot": slot, "generation": gen}) == {
+            "ok": True,
+            "closed": True,
+        }
+        assert _ask(sock, {"op": "frobnicate"})["reason"] == "bad_request"
+
+
+def test_a_gateway_that_goes_away_frees_its_slots(
+    rig: tuple[Engine, ControlServer, Path],
+) -> None:
+    engine, _, path = rig
+    sock = socket.socket(socket.AF_UNIX)
+    sock.connect(str(path))
+    for i in range(4):
+        assert _ask(sock, {"op": "open", "call_id": str(i)})["ok"] is True
+    assert _ask(sock, {"op": "open", "call_id": "5"}) == {"ok": False, "reason": "full"}
+    sock.close()
+    deadline = time.monotonic() + 5
+    while engine.table.live_count:
+        assert time.monotonic() < deadline, "slots of a closed connection were not freed"
+        time.sleep(0.01)
+    assert (engine.ring.control["generation"] == 0).all()

@@ -1,0 +1,139 @@
+"""A real aiortc caller for end-to-end tests: sends a known signal, records what comes back.
+
+What comes back is taken off the wire before aiortc's own jitter buffer (the same tap the
+gateway uses), with each packet's arrival time, so the test can measure delay without the
+client's buffering in the way.
+"""
+
+import asyncio
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+from aiortc import MediaStreamTrack, RTCConfiguration, RTCPeerConnection, RTCSessionDescription
+from aiortc.rtp import RtpPacket
+from av import AudioFrame
+from numpy.typing import NDArray
+
+from gateway.media.opus import OpusDecoder
+from gateway.webrtc import stereo_frame, tap_receiver
+from tests.support.server import http_json
+
+RATE = 48000
+PACKET = 960
+
+
+class SignalTrack(MediaStreamTrack):
+    """Plays `signal` (int16 at 48 kHz) in 20 ms frames on absolute deadlines, then silence."""
+
+    kind = "audio"
+
+    def __init__(self, signal: NDArray[np.int16]) -> None:
+        super().__init__()
+        self.signal = signal
+        self.sent_at: list[float] = []  # monotonic time each frame was handed to the encoder
+        self._start: float | None = None
+
+    async def recv(self) -> AudioFrame:
+        index = len(self.sent_at)
+        if self._start is None:
+            self._start = time.monotonic()
+        due = self._start + index * PACKET / RATE
+        delay = due - time.monotonic()
+        if delay > 0:
+            await asyncio.sleep(delay)
+        chunk = self.signal[index * PACKET : (index + 1) * PACKET]
+        pcm = np.zeros(PACKET, np.int16)
+        pcm[: chunk.size] = chunk
+        self.sent_at.append(time.monotonic())
+        return stereo_frame(pcm, index * PACKET)
+
+
+@dataclass
+class Received:
+    packets: list[tuple[float, int, int, bytes]] = field(default_factory=list)  # t, seq, ts, data
+
+    def add(self, packet: RtpPacket, now_s: float) -> None:
+        self.packets.append((now_s, packet.sequence_number, packet.timestamp, packet.payload))
+
+    def decode(self) -> tuple[NDArray[np.float32], NDArray[np.float64]]:
+        """Audio in RTP-timestamp order, and the arrival time of every sample's packet."""
+        if not self.packets:
+            return np.zeros(0, np.float32), np.zeros(0)
+        ordered = sorted(self.packets, key=lambda p: (p[2] - self.packets[0][2]) % 2**32)
+        base = ordered[0][2]
+        span = (ordered[-1][2] - base) % 2**32 + PACKET
+        audio = np.zeros(span, np.float32)
+        arrival = np.full(span, np.nan)
+        decoder = OpusDecoder(RATE)
+        for t, _, ts, data in ordered:
+            pcm = decoder.decode(data).astype(np.float32) / 32768.0
+            at = (ts - base) % 2**32
+            audio[at : at + pcm.size] = pcm
+            arrival[at : at + pcm.size] = t
+        decoder.close()
+        return audio, arrival
+
+
+@dataclass
+class CallResult:
+    call_id: str
+    track: SignalTrack
+    received: Received
+    record: dict[str, object]
+
+
+def band_limited_noise(seconds: float, seed: int = 7) -> NDArray[np.int16]:
+    """Seeded noise band-limited to 300-3400 Hz: survives Opus, correlates sharply."""
+    rng = np.random.default_rng(seed)
+    n = int(seconds * RATE)
+    spectrum = np.fft.rfft(rng.standard_normal(n))
+    freqs = np.fft.rfftfreq(n, 1 / RATE)
+    spectrum[(freqs < 300) | (freqs > 3400)] = 0
+    x = np.fft.irfft(spectrum, n)
+    x *= 0.25 / np.sqrt(np.mean(x**2))
+    return np.clip(x * 32767, -32768, 32767).astype(np.int16)
+
+
+async def place_call(base_url: str, signal: NDArray[np.int16], talk_s: float) -> CallResult:
+    """Call the gateway, send `signal` for talk_s seconds, hang up; returns what was heard."""
+    pc = RTCPeerConnection(RTCConfiguration(iceServers=[]))
+    track = SignalTrack(signal)
+    received = Received()
+    transceiver = pc.addTransceiver(track, direction="sendrecv")
+    await pc.setLocalDescription(await pc.createOffer())
+    loop = asyncio.get_running_loop()
+    status, body = await loop.run_in_executor(
+        None,
+        http_json,
+        "POST",
+        base_url + "/v1/calls",
+        {"sdp": pc.localDescription.sdp, "type": "offer"},
+    )
+    if status != 201:
+        await pc.close()
+        raise RuntimeError(f"call refused: {status} {body}")
+    await pc.setRemoteDescription(RTCSessionDescription(body["sdp"], "answer"))
+    opus = {c.payloadType for c in transceiver._codecs if c.name == "opus" and c.payloadType}
+    tap_receiver(transceiver.receiver, opus, received.add)
+    call_id = body["id"]
+    await asyncio.sleep(talk_s)
+    _, record = await loop.run_in_executor(None, http_json, "GET", f"{base_url}/v1/calls/{call_id}")
+    await loop.run_in_executor(None, http_json, "DELETE", f"{base_url}/v1/calls/{call_id}")
+    await pc.close()
+    return CallResult(call_id, track, received, record)
+
+
+def measure_delay(result: CallResult, signal: NDArray[np.int16]) -> tuple[float, float]:
+    """(peak normalised cross-correlation, median first-sample-in to same-sample-out seconds)."""
+    heard, arrival = result.received.decode()
+    sent = signal[: len(result.track.sent_at) * PACKET].astype(np.float32) / 32768.0
+    n = 1 << int(np.ceil(np.log2(heard.size + sent.size)))
+    xc = np.fft.irfft(np.fft.rfft(heard, n) * np.conj(np.fft.rfft(sent, n)), n)
+    lag = int(np.argmax(xc[: heard.size]))  # heard[lag + i] is sent[i]
+    overlap = min(sent.size, heard.size - lag)
+    a, b = heard[lag : lag + overlap], sent[:overlap]
+    peak = float(np.dot(a, b) / (np.linalg.norm(a) * np.linalg.norm(b) + 1e-12))
+    sent_at = np.repeat(np.asarray(result.track.sent_at), PACKET)[:overlap]
+    delays = arrival[lag : lag + overlap] - sent_at
+    return peak, float(np.nanmedian(delays[::PACKET]))

@@ -1,0 +1,90 @@
+"""End to end: real `cadence serve` processes, real aiortc callers, real UDP on loopback."""
+
+import asyncio
+import logging
+import os
+import signal
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from gateway.ice import restrict_host_candidates
+from tests.support.caller import band_limited_noise, measure_delay, place_call
+from tests.support.server import Served, children_of, start_serve, stop_serve
+
+log = logging.getLogger(__name__)
+
+MAX_SERVER_DELAY_S = 0.35  # jitter buffer + framing + one echo tick + pacing, with slack
+
+
+@pytest.fixture(autouse=True)
+def loopback_only() -> None:
+    restrict_host_candidates(["127.0.0.1"])
+
+
+@pytest.fixture
+def served(tmp_path: Path) -> Iterator[Served]:
+    served = start_serve(tmp_path / "serve.log", "--slots=16")
+    yield served
+    if served.process.poll() is None:
+        stop_serve(served)
+
+
+def _shm_segments() -> set[str]:
+    return {name for name in os.listdir("/dev/shm") if name.startswith("cadence-")}
+
+
+def test_one_call_echoes_audio_with_bounded_delay(served: Served) -> None:
+    signal_pcm = band_limited_noise(12.0)
+    result = asyncio.run(place_call(served.url, signal_pcm, talk_s=11.0))
+
+    peak, delay_s = measure_delay(result, signal_pcm)
+    log.info("one call: correlation %.3f, server-side delay %.1f ms", peak, delay_s * 1e3)
+    print(f"server-side delay {delay_s * 1e3:.1f} ms, correlation {peak:.3f}")
+    assert peak > 0.8, f"returned audio does not match what was sent (peak {peak:.3f})"
+    assert 0.08 < delay_s < MAX_SERVER_DELAY_S, f"server-side delay {delay_s * 1e3:.0f} ms"
+
+    engine = result.record["engine"]
+    assert isinstance(engine, dict)
+    assert engine["ticks"] >= 11.0 / 0.08 * 0.9
+    assert engine["misses"] == 0
+    assert engine["underruns"] == 0
+    assert served.engine_metrics()["cadence_engine_deadline_misses_total"] == 0
+
+    status, calls = served.get("/v1/calls")
+    assert status == 200
+    assert calls == {"calls": []}, "hang-up must end the call on the server"
+
+
+def test_ten_calls_at_once_meet_every_deadline(served: Served) -> None:
+    signal_pcm = band_limited_noise(6.0)
+
+    async def ten() -> list[object]:
+        return await asyncio.gather(*(place_call(served.url, signal_pcm, 5.0) for _ in range(10)))
+
+    results = asyncio.run(ten())
+    assert len({r.call_id for r in results}) == 10  # type: ignore[attr-defined]
+    for result in results:
+        peak, delay_s = measure_delay(result, signal_pcm)  # type: ignore[arg-type]
+        assert peak > 0.8
+        assert delay_s < MAX_SERVER_DELAY_S
+        engine = result.record["engine"]  # type: ignore[attr-defined]
+        assert engine["misses"] == 0
+        assert engine["ticks"] > 50
+    metrics = served.engine_metrics()
+    assert metrics["cadence_engine_deadline_misses_total"] == 0
+    assert metrics["cadence_engine_call_ticks_total"] >= 10 * 50
+
+
+def test_serve_stops_cleanly_on_sigint(tmp_path: Path) -> None:
+    before = _shm_segments()
+    served = start_serve(tmp_path / "serve.log")
+    children = children_of(served.process.pid)
+    assert len(children) == 2, "serve runs one engine and one gateway"
+    assert len(_shm_segments() - before) == 1
+    assert stop_serve(served, signal.SIGINT) == 0
+    assert _shm_segments() - before == set(), "shared memory must be unlinked"
+    for pid in children:
+        assert not Path(f"/proc/{pid}").exists() or "Z" in Path(f"/proc/{pid}/stat").read_text()
+    assert "engine stopped; shared memory" in served.log()
