@@ -319,6 +319,7 @@ class Caller:
             return []
         if status < 300:
             registration.authorization = None
+            registration.nonces.clear()  # only nonces that failed are remembered
             expires = self._granted_expiry(registration, response)
             if expires == 0:
                 del self.registrations[registration.aor]

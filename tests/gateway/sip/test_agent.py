@@ -1,0 +1,261 @@
+"""The agent against captured-style PBX messages, torture messages and hostile sources."""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+
+import pytest
+
+from gateway.sip.agent import Agent, CallStateError
+from gateway.sip.digest import Challenge, Credentials, verify
+from gateway.sip.events import (
+    AgentConfig,
+    CallConfirmed,
+    CallEnded,
+    HoldChanged,
+    IncomingCall,
+    MessageDropped,
+    Output,
+    Registered,
+    RegistrationFailed,
+)
+from gateway.sip.message import Request, Response, parse_message, response_to
+from gateway.sip.sdp import Origin, SessionDescription, answer
+from gateway.sip.transaction import Outgoing
+from tests.gateway.sip.wire import make_agent
+
+HERE = Path(__file__).parent
+PBX = ("10.0.0.4", 5080)
+
+
+def sample(name: str) -> bytes:
+    return (HERE / "samples" / name).read_bytes()
+
+
+def torture(name: str) -> bytes:
+    return (HERE / "torture" / "valid" / f"{name}.sip").read_bytes()
+
+
+def responses(outputs: list[Output]) -> list[Response]:
+    found = [parse_message(o.data) for o in outputs if isinstance(o, Outgoing)]
+    return [r for r in found if isinstance(r, Response)]
+
+
+def statuses(outputs: list[Output]) -> list[int]:
+    return [r.status for r in responses(outputs)]
+
+
+def cadence() -> Agent:
+    return Agent(AgentConfig(address=("10.0.0.2", 5060)), random.Random(5))
+
+
+def test_options_is_answered_with_capabilities() -> None:
+    out = cadence().receive(sample("asterisk_options.sip"), ("10.0.0.3", 5060), "udp", 0.0)
+    [ok] = responses(out)
+    assert ok.status == 200
+    assert "UPDATE" in ok.header_values("Allow")
+    assert ok.header("Accept") == "application/sdp"
+    assert out[0].destination == ("10.0.0.3", 5060)  # type: ignore[union-attr]
+
+
+@pytest.mark.parametrize(
+    ("name", "status"),
+    [
+        ("bext01", 420),
+        ("unkscm", 416),
+        ("novelsc", 416),
+        ("invut", 415),
+        ("lwsdisp", 200),
+        ("semiuri", 200),
+        ("transports", 200),
+        ("esc02", 501),
+        ("escnull", 405),
+        ("dblreq", 405),
+    ],
+)
+def test_torture_requests_get_the_right_response(name: str, status: int) -> None:
+    out = cadence().receive(torture(name), ("192.0.2.1", 5060), "udp", 0.0)
+    assert statuses(out)[-1] == status
+
+
+def test_wsinv_has_a_to_tag_so_it_names_an_unknown_dialog() -> None:
+    agent = cadence()
+    out = agent.receive(torture("wsinv"), ("192.0.2.2", 5060), "udp", 0.0)
+    assert statuses(out) == [481]
+    assert agent.live_dialogs() == 0
+
+
+def test_malformed_request_gets_400_and_is_counted() -> None:
+    data = (HERE / "torture" / "invalid" / "badinv01.sip").read_bytes()
+    agent = cadence()
+    out = agent.receive(data, ("192.0.2.1", 5060), "udp", 0.0)
+    # The 400 echoes the request's Via as RFC 3261 8.2.6 says, malformed as it is.
+    [reply] = [o for o in out if isinstance(o, Outgoing)]
+    assert reply.data.startswith(b"SIP/2.0 400 Bad Request\r\nVia: SIP/2.0/UDP 192.0.2.15;;")
+    assert MessageDropped(("192.0.2.1", 5060), "malformed") in out
+    assert (agent.live_dialogs(), agent.live_transactions()) == (0, 0)
+
+
+def test_disallowed_source_gets_403_or_silence() -> None:
+    config = AgentConfig(address=("10.0.0.2", 5060), allowed_networks=("10.0.0.0/24",))
+    agent = Agent(config, random.Random(1))
+    assert statuses(agent.receive(sample("sipp_invite.sip"), ("10.0.0.1", 5061), "udp", 0)) == [100]
+    out = agent.receive(sample("asterisk_invite.sip"), ("203.0.113.9", 5060), "udp", 0.0)
+    assert statuses(out) == [403]
+    assert agent.live_dialogs() == 1
+    silent = Agent(
+        AgentConfig(("10.0.0.2", 5060), allowed_networks=("10.0.0.0/24",), answer_forbidden=False),
+        random.Random(1),
+    )
+    assert silent.receive(sample("asterisk_invite.sip"), ("203.0.113.9", 5060), "udp", 0.0) == [
+        MessageDropped(("203.0.113.9", 5060), "forbidden")
+    ]
+
+
+def test_stray_response_and_unknown_dialog() -> None:
+    agent = cadence()
+    out = agent.receive(sample("freeswitch_200.sip"), PBX, "udp", 0.0)
+    assert out == [MessageDropped(PBX, "stray response")]
+    assert statuses(agent.receive(sample("sipp_bye.sip"), PBX, "udp", 0.0)) == [481]
+
+
+def test_retransmitted_invite_is_absorbed_and_merged_request_refused() -> None:
+    agent = cadence()
+    invite = sample("asterisk_invite.sip")
+    first = agent.receive(invite, ("10.0.0.3", 5060), "udp", 0.0)
+    again = agent.receive(invite, ("10.0.0.3", 5060), "udp", 0.1)
+    assert statuses(again) == [100]
+    assert not [o for o in again if isinstance(o, IncomingCall)]
+    merged = invite.replace(b"branch=z9hG4bKPj6f1d", b"branch=z9hG4bKPj6f1e")
+    assert statuses(agent.receive(merged, ("10.0.0.3", 5060), "udp", 0.2)) == [482]
+    assert len([o for o in first if isinstance(o, IncomingCall)]) == 1
+
+
+def test_engine_full_rejects_with_503_retry_after() -> None:
+    agent = cadence()
+    out = agent.receive(sample("asterisk_invite.sip"), ("10.0.0.3", 5060), "udp", 0.0)
+    [call] = [o for o in out if isinstance(o, IncomingCall)]
+    out = agent.reject(call.call_id, 503, 0.1, retry_after=5)
+    [busy] = responses(out)
+    assert (busy.status, busy.header("Retry-After")) == (503, "5")
+    assert busy.to_addr.tag
+    assert agent.live_dialogs() == 0
+    ack = (
+        f"ACK sip:7000@10.0.0.2:5060 SIP/2.0\r\n{_line(busy, 'Via')}\r\n"
+        f"{_line(busy, 'From')}\r\n{_line(busy, 'To')}\r\n{_line(busy, 'Call-ID')}\r\n"
+        "CSeq: 27812 ACK\r\nContent-Length: 0\r\n\r\n"
+    ).encode()
+    assert agent.receive(ack, ("10.0.0.3", 5060), "udp", 0.2) == []
+    agent.handle_timer(6.0)  # timer I ends the transaction T4 after the ACK
+    assert agent.live_transactions() == 0
+    assert agent.answer(call.call_id, _our_answer(call), 0.3) == []  # the call is gone
+
+
+def test_answering_twice_is_a_state_error() -> None:
+    agent = cadence()
+    out = agent.receive(sample("sipp_invite.sip"), ("10.0.0.1", 5061), "udp", 0.0)
+    [call] = [o for o in out if isinstance(o, IncomingCall)]
+    agent.answer(call.call_id, _our_answer(call), 0.1)
+    with pytest.raises(CallStateError):
+        agent.answer(call.call_id, _our_answer(call), 0.2)
+
+
+def _line(message: Response | Request, name: str) -> str:
+    return f"{name}: {message.header(name)}"
+
+
+def _our_answer(call: IncomingCall) -> SessionDescription:
+    assert call.remote_sdp is not None
+    return answer(call.remote_sdp, Origin("cadence", 1, 1, "10.0.0.2"), "10.0.0.2", 30000)[0]
+
+
+def test_freeswitch_call_with_hold_reinvite_and_out_of_order_cseq() -> None:
+    agent = cadence()
+    out = agent.receive(sample("freeswitch_invite.sip"), PBX, "udp", 0.0)
+    [call] = [o for o in out if isinstance(o, IncomingCall)]
+    [ok] = responses(agent.answer(call.call_id, _our_answer(call), 0.1))
+    assert ok.header("Session-Expires") == "1800;refresher=uac"  # FreeSWITCH refreshes
+    tag = ok.to_addr.tag or ""
+    ack = (
+        "ACK sip:cadence@10.0.0.2:5060 SIP/2.0\r\n"
+        "Via: SIP/2.0/UDP 10.0.0.4:5080;branch=z9hG4bKa1\r\n"
+        f"{_line(ok, 'From')}\r\n{_line(ok, 'To')}\r\n{_line(ok, 'Call-ID')}\r\n"
+        "CSeq: 112736211 ACK\r\nContent-Length: 0\r\n\r\n"
+    ).encode()
+    assert agent.receive(ack, PBX, "udp", 0.2) == [CallConfirmed(call.call_id)]
+    hold = sample("freeswitch_reinvite_hold.sip").replace(b"tag=TAG", f"tag={tag}".encode())
+    out = agent.receive(hold, PBX, "udp", 1.0)
+    [held] = [o for o in out if isinstance(o, HoldChanged)]
+    assert held.direction == "recvonly"
+    [reoffer_ok] = responses(out)
+    assert b"a=recvonly" in reoffer_ok.body
+    reack = ack.replace(b"112736211 ACK", b"112736212 ACK").replace(b"z9hG4bKa1", b"z9hG4bKa2")
+    assert agent.receive(reack, PBX, "udp", 1.1) == []
+    old = hold.replace(b"CSeq: 112736212", b"CSeq: 112736200").replace(b"z9hG4bKQ2", b"z9hG4bKQ3")
+    assert statuses(agent.receive(old, PBX, "udp", 2.0)) == [500]
+    bye = ack.replace(b"ACK sip", b"BYE sip").replace(b"112736211 ACK", b"112736213 BYE")
+    bye = bye.replace(b"branch=z9hG4bKa1", b"branch=z9hG4bKb1")
+    out = agent.receive(bye, PBX, "udp", 3.0)
+    assert statuses(out)[0] == 200  # then timer G resends the unacknowledged 500
+    assert CallEnded(call.call_id, "remote_hangup") in out
+
+
+class Registrar:
+    """A registrar that challenges once, then grants a shorter binding than asked for."""
+
+    challenge = Challenge("trunk.example", "n-1", "MD5", ("auth",))
+
+    def __init__(self) -> None:
+        self.registers = 0
+
+    def reply(self, data: bytes) -> bytes:
+        request = parse_message(data)
+        assert isinstance(request, Request)
+        self.registers += 1
+        credentials = request.header("Authorization")
+        if credentials is None or not verify(credentials, "REGISTER", self.challenge, "pw"):
+            value = 'Digest realm="trunk.example", nonce="n-1", qop="auth"'
+            return response_to(request, 401, "r", (("WWW-Authenticate", value),)).encode()
+        contact = f"{request.header('Contact')};expires=120"
+        return response_to(request, 200, "r", (("Contact", contact),)).encode()
+
+
+def test_register_with_challenge_and_refresh() -> None:
+    agent = make_agent(5060, 3)
+    registrar = Registrar()
+    trunk = ("127.0.0.9", 5060)
+    events: list[Output] = []
+
+    def deliver(outputs: list[Output], now: float) -> None:
+        for item in outputs:
+            if isinstance(item, Outgoing):
+                deliver(agent.receive(registrar.reply(item.data), trunk, "udp", now), now)
+            else:
+                events.append(item)
+
+    deliver(
+        agent.register(
+            "sip:127.0.0.9",
+            "sip:cadence@trunk.example",
+            0.0,
+            credentials=Credentials("cadence", "pw"),
+            expires=3600,
+        ),
+        0.0,
+    )
+    assert events == [Registered("sip:cadence@trunk.example", 120)]
+    # Refreshed half-way through the 120 s the registrar granted, not the 3600 s asked for.
+    assert agent.registrations["sip:cadence@trunk.example"].refresh_at == 60.0
+    deliver(agent.handle_timer(60.0), 60.0)
+    assert events[-1] == Registered("sip:cadence@trunk.example", 120)
+    assert registrar.registers == 4  # each attempt challenged once, then accepted
+
+
+def test_register_failure_and_timeout_are_reported() -> None:
+    agent = make_agent(5060, 4)
+    out = agent.register("sip:127.0.0.9", "sip:a@b", 0.0)
+    assert agent.live_transactions() == 1
+    assert RegistrationFailed("sip:a@b", None) in agent.handle_timer(32.0)
+    assert agent.registrations == {}
+    assert len(out) == 1
