@@ -1,0 +1,63 @@
+"""Sampling, configs and prompt frames: the parts with no reference counterpart to run."""
+
+import json
+from pathlib import Path
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from engine.models.moshi.config import load_config  # noqa: E402
+from engine.models.moshi.prompt import SILENCE_CODES, SINE_CODES, personaplex_frames  # noqa: E402
+from engine.models.moshi.sampling import Sampling, sample  # noqa: E402
+
+
+def test_top_k_sampling_stays_in_the_top_k_and_follows_the_distribution() -> None:
+    logits = torch.log(torch.tensor([[0.5, 0.3, 0.15, 0.05]])).repeat(20000, 1)
+    generator = torch.Generator().manual_seed(0)
+    tokens = sample(logits, Sampling(greedy=False, temperature=1.0, top_k=3), generator)
+    counts = torch.bincount(tokens, minlength=4).float() / tokens.shape[0]
+    assert counts[3] == 0
+    expected = torch.tensor([0.5, 0.3, 0.15]) / 0.95
+    assert torch.allclose(counts[:3], expected, atol=0.015)
+
+
+def test_top_1_and_greedy_agree_and_seeds_reproduce() -> None:
+    logits = torch.randn(64, 100, generator=torch.Generator().manual_seed(1))
+    greedy = sample(logits, Sampling(greedy=True, temperature=1.0, top_k=1), None)
+    top_1 = sample(logits, Sampling(greedy=False, temperature=0.7, top_k=1), None)
+    assert torch.equal(greedy, logits.argmax(dim=-1)) and torch.equal(top_1, greedy)
+    how = Sampling(greedy=False, temperature=0.8, top_k=50)
+    first = sample(logits, how, torch.Generator().manual_seed(7))
+    again = sample(logits, how, torch.Generator().manual_seed(7))
+    assert torch.equal(first, again) and not torch.equal(first, greedy)
+
+
+def test_named_and_file_configs(tmp_path: Path) -> None:
+    assert load_config("7b").lm.dim == 4096 and load_config("7b").lm.context == 1500
+    assert load_config("personaplex").lm.dep_q == 16
+    toml = tmp_path / "c.toml"
+    toml.write_text('base = "tiny"\n[lm]\nnum_layers = 3\ndelays = [0, 0, 1, 1, 1, 1, 1, 1, 1, '
+                    "0, 1, 1, 1, 1, 1, 1, 1]\n")
+    assert load_config(str(toml)).lm.num_layers == 3
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps({"base": "tiny", "lm": {"layers": 3}}))
+    with pytest.raises(ValueError, match=r"unknown lm config keys: \['layers'\]"):
+        load_config(str(bad))
+    with pytest.raises(ValueError, match="dep_q must be"):
+        load_config(str(_write(tmp_path / "d.json", {"base": "tiny", "lm": {"dep_q": 5}})))
+
+
+def _write(path: Path, data: object) -> Path:
+    path.write_text(json.dumps(data))
+    return path
+
+
+def test_personaplex_prompt_frames_layout() -> None:
+    voice = torch.arange(16).view(2, 8)
+    frames = personaplex_frames(voice, [101, 102, 103], text_padding_id=3, silence_frames=2)
+    assert frames.shape == (2 + 2 + 3 + 2, 17)
+    assert frames[:, 0].tolist() == [3, 3, 3, 3, 101, 102, 103, 3, 3]
+    assert torch.equal(frames[:2, 1:9], voice)
+    assert all(row[1:9].tolist() == list(SILENCE_CODES) for row in frames[2:])
+    assert all(row[9:].tolist() == list(SINE_CODES) for row in frames)
