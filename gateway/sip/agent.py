@@ -138,7 +138,7 @@ class Agent(Upkeep):
             return []
         headers = (("Retry-After", str(retry_after)),) if retry_after is not None else ()
         sent = self._reply(call, status, now, headers)
-        return [*sent, *self._end(call, "rejected", status, retry_after)]
+        return [*sent, *self._end(call, now, "rejected", status, retry_after)]
 
     def hangup(self, call_id: str, now: float) -> list[Output]:
         """End a call in whatever state: 480, CANCEL or BYE as the state requires."""
@@ -146,9 +146,9 @@ class Agent(Upkeep):
         if call is None:
             return []
         if not call.uac and not call.answered:
-            return [*self._reply(call, 480, now), *self._end(call, "local_hangup")]
+            return [*self._reply(call, 480, now), *self._end(call, now, "local_hangup")]
         if call.confirmed:
-            return [*self._bye(call, now), *self._end(call, "local_hangup")]
+            return [*self._bye(call, now), *self._end(call, now, "local_hangup")]
         # Too early for BYE: CANCEL once a 1xx proves the INVITE arrived (UAC), or BYE when
         # the ACK for our 2xx comes (UAS). Until then the call lingers, already reported.
         call.hangup_requested = True
@@ -299,7 +299,10 @@ class Agent(Upkeep):
         if not call.dialog.accept_remote_seq(request):
             return self._respond(txn, 500, now, to_tag=tag)
         if request.method == "BYE":
-            return [*self._respond(txn, 200, now, to_tag=tag), *self._end(call, "remote_hangup")]
+            return [
+                *self._respond(txn, 200, now, to_tag=tag),
+                *self._end(call, now, "remote_hangup"),
+            ]
         if request.method in ("INVITE", "UPDATE"):
             return self._refresh_or_reoffer(call, request, txn, now)
         if request.method in ("OPTIONS", "INFO"):
@@ -374,9 +377,9 @@ class Agent(Upkeep):
             try:
                 call.remote_sdp = parse_sdp(ack.body)
             except SipParseError:
-                return [*self._bye(call, now), *self._end(call, "bad_sdp")]
+                return [*self._bye(call, now), *self._end(call, now, "bad_sdp")]
         if call.hangup_requested:
-            return [*self._bye(call, now), *self._end(call, "local_hangup")]
+            return [*self._bye(call, now), *self._end(call, now, "local_hangup")]
         return [CallConfirmed(call.call_id)]
 
     def _on_cancel(
@@ -392,5 +395,5 @@ class Agent(Upkeep):
         if invite_txn.state is State.PROCEEDING:
             out += self._respond(invite_txn, 487, now, to_tag=tag)
             if call is not None and not call.answered:
-                out += self._end(call, "cancelled")
+                out += self._end(call, now, "cancelled")
         return out

@@ -24,7 +24,7 @@ from gateway.sip.events import (
     RegistrationFailed,
 )
 from gateway.sip.headers import SipParseError, SipUri, Uri, Via, param, parse_uri
-from gateway.sip.message import Request, Response
+from gateway.sip.message import Request, Response, response_to
 from gateway.sip.sdp import SessionDescription, parse_sdp
 from gateway.sip.stack import TransactionLayer
 from gateway.sip.transaction import (
@@ -32,6 +32,7 @@ from gateway.sip.transaction import (
     ClientInvite,
     ClientNonInvite,
     Outgoing,
+    State,
     Transaction,
 )
 
@@ -97,13 +98,27 @@ class Caller:
         return [CallEnded(call.call_id, reason, status, retry_after)]
 
     def _end(
-        self, call: Call, reason: str, status: int | None = None, retry_after: int | None = None
+        self,
+        call: Call,
+        now: float,
+        reason: str,
+        status: int | None = None,
+        retry_after: int | None = None,
     ) -> list[Output]:
-        """Forget the call; its transactions finish on their own timers."""
+        """Forget the call; its transactions finish on their own timers.
+
+        An INVITE still unanswered gets 487 first (RFC 3261 15.1.2), or its transaction
+        would wait for a final response forever.
+        """
+        out: list[Output] = []
+        pending = call.server_invite
+        if pending is not None and pending.state is State.PROCEEDING:
+            terminated = response_to(call.invite, 487, call.dialog.local_tag)
+            out += pending.respond(terminated, now).sends
         self.calls.pop(call.call_id, None)
         if call.dialog.state is not DialogState.TERMINATED:
             call.dialog.advance(DialogInput.END)
-        return self._report(call, reason, status, retry_after)
+        return [*out, *self._report(call, reason, status, retry_after)]
 
     def _bye(self, call: Call, now: float) -> list[Output]:
         request = call.dialog.request("BYE", self._via(call.transport))
@@ -200,7 +215,7 @@ class Caller:
         retry_after = (response.header("Retry-After") or "").split(";")[0].strip()
         after = int(retry_after) if retry_after.isdigit() and len(retry_after) < 9 else None
         reason = "cancelled" if status == 487 else "rejected"
-        return self._end(call, reason, status, after)
+        return self._end(call, now, reason, status, after)
 
     def _on_invite_success(self, call: Call, response: Response, now: float) -> list[Output]:
         if call.ack is not None:
@@ -217,9 +232,9 @@ class Caller:
         try:
             call.remote_sdp = parse_sdp(response.body) if response.body else None
         except SipParseError:
-            return [*out, *self._bye(call, now), *self._end(call, "bad_sdp")]
+            return [*out, *self._bye(call, now), *self._end(call, now, "bad_sdp")]
         if call.hangup_requested:
-            return [*out, *self._bye(call, now), *self._end(call, "local_hangup")]
+            return [*out, *self._bye(call, now), *self._end(call, now, "local_hangup")]
         return [*out, CallAnswered(call.call_id, call.remote_sdp)]
 
     def _authorize(

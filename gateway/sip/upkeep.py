@@ -65,7 +65,7 @@ class Upkeep(Caller):
             return []
         if response.status >= 300:
             if self._peer_gone(call, response.status):
-                return [*self._bye(call, now), *self._end(call, "remote_gone")]
+                return [*self._bye(call, now), *self._end(call, now, "remote_gone")]
             return []
         if call.reinvite_ack is not None:
             return [Outgoing(call.reinvite_ack, call.peer, call.transport)]
@@ -78,7 +78,7 @@ class Upkeep(Caller):
         try:
             remote = parse_sdp(response.body) if response.body else None
         except SipParseError:
-            return [*out, *self._bye(call, now), *self._end(call, "bad_sdp")]
+            return [*out, *self._bye(call, now), *self._end(call, now, "bad_sdp")]
         if remote is not None and call.reinvite_direction is not None:
             call.remote_sdp = remote
             call.direction = call.reinvite_direction
@@ -87,7 +87,7 @@ class Upkeep(Caller):
 
     def _on_refresh_response(self, call: Call, response: Response, now: float) -> list[Output]:
         if self._peer_gone(call, response.status):
-            return [*self._bye(call, now), *self._end(call, "remote_gone")]
+            return [*self._bye(call, now), *self._end(call, now, "remote_gone")]
         if response.status < 300:
             self._take_timer(call, response, now)
         return []
@@ -144,9 +144,9 @@ class Upkeep(Caller):
                 return [RegistrationFailed(aor, None)]
         for call in list(self.calls.values()):
             if transaction is call.client_invite:
-                return self._end(call, "timeout")
+                return self._end(call, now, "timeout")
             if transaction is call.reinvite or transaction is call.refresh:
-                return [*self._bye(call, now), *self._end(call, "timeout")]
+                return [*self._bye(call, now), *self._end(call, now, "timeout")]
         return []
 
     def _call_timers(self, call: Call, now: float) -> list[Output]:
@@ -154,11 +154,11 @@ class Upkeep(Caller):
             assert call.server_invite is not None
             response = response_to(call.invite, 480, call.dialog.local_tag)
             sends = call.server_invite.respond(response, now).sends
-            return [*sends, *self._end(call, "ring_timeout")]
+            return [*sends, *self._end(call, now, "ring_timeout")]
         if call.ok_give_up is not None and call.ok_give_up <= now:
             call.stop_ok_retransmission()
             reason = "local_hangup" if call.hangup_requested else "no_ack"
-            return [*self._bye(call, now), *self._end(call, reason)]
+            return [*self._bye(call, now), *self._end(call, now, reason)]
         out: list[Output] = []
         if call.ok_next is not None and call.ok_next <= now and call.ok_response is not None:
             destination = call.ok_destination or call.peer
@@ -170,5 +170,5 @@ class Upkeep(Caller):
             if timer.we_refresh:
                 out += self._send_refresh(call, now)
             else:
-                out += [*self._bye(call, now), *self._end(call, "session_expired")]
+                out += [*self._bye(call, now), *self._end(call, now, "session_expired")]
         return out
