@@ -126,7 +126,7 @@ def run_infer(args: argparse.Namespace) -> int:
         )
         frame = model.frame
         if args.voice_prompt is not None or args.text_prompt is not None:
-            voice = np.zeros(0, np.float32)
+            voice: NDArray[np.float32] = np.zeros(0, np.float32)
             if args.voice_prompt is not None:
                 voice_pcm, voice_rate = read_wav(args.voice_prompt)
                 voice = resample(voice_pcm, voice_rate, frame.sample_rate)
@@ -148,10 +148,10 @@ def run_infer(args: argparse.Namespace) -> int:
         sys.stderr.write(f"cadence infer: {error}\n")
         return EXIT_USAGE
 
-    pcm = resample(pcm, rate, frame.sample_rate)
-    steps = -(-pcm.shape[0] // frame.samples) + 1  # + 1: flush the one-frame delay
+    model_pcm = resample(pcm, rate, frame.sample_rate)
+    steps = -(-model_pcm.shape[0] // frame.samples) + 1  # + 1: flush the one-frame delay
     padded = np.zeros(steps * frame.samples, np.float32)
-    padded[: pcm.shape[0]] = pcm
+    padded[: model_pcm.shape[0]] = model_pcm
     outputs = []
     token_lines = []
     active = np.ones(1, np.bool_)

@@ -15,8 +15,8 @@ cleared on reset: a reset slot starts at position 0, so every older entry maps t
 import math
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
+from torch.nn import functional
 
 
 def rms_norm(x: Tensor, alpha: Tensor, eps: float) -> Tensor:
@@ -102,5 +102,6 @@ class RingAttention(nn.Module):
             k = apply_rope(k, positions, self.max_period)
         ring_write(keys, k, start)
         ring_write(values, v, start)
-        out = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask)
-        return self.out_proj(out.transpose(1, 2).reshape(batch, steps, dim))
+        out = functional.scaled_dot_product_attention(q, keys, values, attn_mask=mask)
+        projected: Tensor = self.out_proj(out.transpose(1, 2).reshape(batch, steps, dim))
+        return projected

@@ -254,6 +254,11 @@ def load_into(
                 bad = True
         if not bad:
             values[name] = source.build([state[k] for k in source.keys])
+            if values[name].shape != param.shape:
+                problems.append(
+                    f"tensors {', '.join(source.keys)} give shape {_shape(values[name].shape)}, "
+                    f"expected {_shape(param.shape)}"
+                )
     # a key of an alternative layout that lost to another present one is still known
     known = {k for alternatives in sources.values() for s in alternatives for k in s.keys}
     for key in sorted(state):

@@ -7,8 +7,10 @@ this frame only. Weights are stacked per step:
 
     depformer_in:         [steps, dep_dim, dim]
     depformer_emb:        [steps - 1, card + 1, dep_dim]   (input token of steps 1..)
-    layers.i.self_attn.in_proj / out_proj:   [steps, 3 * dep_dim, dep_dim] / [steps, dep_dim, dep_dim]
-    layers.i.gating.linear_in / linear_out:  [steps, 2 * hidden, dep_dim] / [steps, dep_dim, hidden]
+    layers.i.self_attn.in_proj:   [steps, 3 * dep_dim, dep_dim]
+    layers.i.self_attn.out_proj:  [steps, dep_dim, dep_dim]
+    layers.i.gating.linear_in:    [steps, 2 * hidden, dep_dim]
+    layers.i.gating.linear_out:   [steps, dep_dim, hidden]
     linears:              [steps, card, dep_dim]
 
 PersonaPlex checkpoints hold 16 steps; steps 8..15 predict the user's codebooks, which are
@@ -17,8 +19,8 @@ means the skipped steps cannot change the first 8).
 """
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
+from torch.nn import functional
 
 from engine.models.moshi.attention import RmsNorm
 from engine.models.moshi.sampling import Sampling, sample
@@ -37,14 +39,16 @@ class StepAttention(nn.Module):
     def forward(self, x: Tensor, step: int, keys: Tensor, values: Tensor) -> Tensor:
         """x: [B, 1, dim]; keys/values: [B, H, steps, head_dim], filled for steps < `step`."""
         batch, _, dim = x.shape
-        qkv = F.linear(x, self.in_proj[step]).view(batch, 3, self.num_heads, dim // self.num_heads)
+        qkv = functional.linear(x, self.in_proj[step]).view(
+            batch, 3, self.num_heads, dim // self.num_heads
+        )
         q, k, v = qkv.unsqueeze(3).unbind(1)  # each [B, H, 1, head_dim]
         keys[:, :, step : step + 1] = k
         values[:, :, step : step + 1] = v
-        out = F.scaled_dot_product_attention(
+        out = functional.scaled_dot_product_attention(
             q, keys[:, :, : step + 1], values[:, :, : step + 1]
         )  # all earlier steps are visible: no mask
-        return F.linear(out.reshape(batch, 1, dim), self.out_proj[step])
+        return functional.linear(out.reshape(batch, 1, dim), self.out_proj[step])
 
 
 class StepFfn(nn.Module):
@@ -79,7 +83,8 @@ class DepformerLayer(nn.Module):
 
     def forward(self, x: Tensor, step: int, keys: Tensor, values: Tensor) -> Tensor:
         x = x + self.self_attn(self.norm1(x), step, keys, values)
-        return x + self.gating(self.norm2(x), step)
+        update: Tensor = self.gating(self.norm2(x), step)
+        return x + update
 
 
 class Depformer(nn.Module):
@@ -137,11 +142,14 @@ class Depformer(nn.Module):
         previous = text
         for step in range(self.steps):
             table = self.depformer_text_emb if step == 0 else self.depformer_emb[step - 1]
-            x = F.linear(hidden, self.depformer_in[step]) + F.embedding(previous, table)[:, None]
+            x = (
+                functional.linear(hidden, self.depformer_in[step])
+                + functional.embedding(previous, table)[:, None]
+            )
             for index, layer in enumerate(self.layers):
                 batch = x.shape[0]  # all slots, or 1 for a prompt replay
                 x = layer(x, step, self.keys[index, :batch], self.values[index, :batch])
-            logits = F.linear(x[:, 0], self.linears[step])  # [B, card]
+            logits = functional.linear(x[:, 0], self.linears[step])  # [B, card]
             token = sample(logits, how, generator)
             if forced is not None and forced_mask is not None:
                 token = torch.where(forced_mask[:, step], forced[:, step], token)

@@ -9,8 +9,8 @@ Parameter names follow Kyutai's checkpoint where the layout allows (`emb` is the
 """
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
+from torch.nn import functional
 
 from engine.models.moshi.attention import RmsNorm
 from engine.models.moshi.config import LmConfig
@@ -77,10 +77,10 @@ class MoshiLm(nn.Module):
     def embed(self, tokens: Tensor) -> Tensor:
         """tokens: int64 [B, T, streams] -> [B, T, dim]; audio streams summed in order, then
         text, as the reference does (the order matters for bit-exact fp32 sums)."""
-        x = F.embedding(tokens[..., 1], self.emb[0])
+        x = functional.embedding(tokens[..., 1], self.emb[0])
         for k in range(1, self.emb.shape[0]):
-            x = x + F.embedding(tokens[..., 1 + k], self.emb[k])
-        return x + F.embedding(tokens[..., 0], self.text_emb)
+            x = x + functional.embedding(tokens[..., 1 + k], self.emb[k])
+        return x + functional.embedding(tokens[..., 0], self.text_emb)
 
     def reset(self, mask: Tensor) -> None:
         self.transformer.reset(mask)

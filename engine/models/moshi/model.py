@@ -19,6 +19,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from numpy.typing import NDArray
 from torch import Tensor, nn
 
 from engine.models.base import FrameSpec, Mask, PcmBatch, StepOutput, check_step_inputs
@@ -87,7 +88,7 @@ class MoshiModel:
         self._prompt = None if frames is None else frames.to(self.device, torch.long)
 
     @torch.no_grad()
-    def encode_audio(self, pcm: np.ndarray) -> Tensor:
+    def encode_audio(self, pcm: NDArray[np.float32]) -> Tensor:
         """Mimi codes of a whole recording (e.g. a voice prompt): float32 [samples] at the
         model rate -> int64 [frames, 8]. Uses slot 0's encoder state; call before serving."""
         samples = self._frame.samples

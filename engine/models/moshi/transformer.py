@@ -11,8 +11,8 @@ configured context (default 1500 frames = 2 minutes); within it the outputs are 
 """
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
+from torch.nn import functional
 
 from engine.models.moshi.attention import RingAttention, RmsNorm, ring_mask
 
@@ -33,9 +33,9 @@ class GatedFfn(nn.Module):
 
 def gated_ffn(x: Tensor, weight_in: Tensor, weight_out: Tensor) -> Tensor:
     """x: [B, T, dim]; weight_in: [2 * hidden, dim]; weight_out: [dim, hidden]."""
-    h = F.linear(x, weight_in)
+    h = functional.linear(x, weight_in)
     h = h.view(*h.shape[:-1], 2, -1)
-    return F.linear(F.silu(h[..., 0, :]) * h[..., 1, :], weight_out)
+    return functional.linear(functional.silu(h[..., 0, :]) * h[..., 1, :], weight_out)
 
 
 class TemporalLayer(nn.Module):
@@ -58,7 +58,8 @@ class TemporalLayer(nn.Module):
         self, x: Tensor, start: Tensor, keys: Tensor, values: Tensor, mask: Tensor
     ) -> Tensor:
         x = x + self.self_attn(self.norm1(x), start, keys, values, mask)
-        return x + self.gating(self.norm2(x))
+        update: Tensor = self.gating(self.norm2(x))
+        return x + update
 
 
 class TemporalTransformer(nn.Module):

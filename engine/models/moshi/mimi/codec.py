@@ -85,4 +85,5 @@ class MimiCodec(nn.Module):
 
     def decode(self, codes: Tensor) -> Tensor:
         latent = self.upsample(self.quantizer.decode(codes[:, :, None]))
-        return self.decoder(self.decoder_transformer(latent))[:, 0, :]
+        pcm: Tensor = self.decoder(self.decoder_transformer(latent))
+        return pcm[:, 0, :]

@@ -9,8 +9,8 @@ acoustic half quantizes residually. Codebook vectors are stored ready to use,
 """
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
+from torch.nn import functional
 
 
 class ResidualQuantizer(nn.Module):
@@ -31,15 +31,16 @@ class ResidualQuantizer(nn.Module):
             # the reference's metric, so that near ties break the same way
             index = torch.cdist(flat[None], codebook[None], p=2)[0].argmin(dim=-1)
             index = index.view(batch, frames)
-            residual = residual - F.embedding(index, codebook)
+            residual = residual - functional.embedding(index, codebook)
             codes.append(index)
         return torch.stack(codes, dim=1)
 
     def decode(self, codes: Tensor) -> Tensor:
-        total = F.embedding(codes[:, 0], self.codebooks[0])  # [B, frames, dim]
+        total = functional.embedding(codes[:, 0], self.codebooks[0])  # [B, frames, dim]
         for k in range(1, codes.shape[1]):
-            total = total + F.embedding(codes[:, k], self.codebooks[k])
-        return self.output_proj(total.transpose(1, 2))
+            total = total + functional.embedding(codes[:, k], self.codebooks[k])
+        latent: Tensor = self.output_proj(total.transpose(1, 2))
+        return latent
 
 
 class SplitQuantizer(nn.Module):

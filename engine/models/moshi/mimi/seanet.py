@@ -77,14 +77,16 @@ class StreamingConv1d(Streaming):
         """x: [slots, in_channels, T], T a multiple of the stride -> [slots, out, T / stride]."""
         history = self.previous.shape[2]
         if history == 0:
-            return self.conv(x)
+            direct: Tensor = self.conv(x)
+            return direct
         if self.replicate:
             start = x[..., :1].expand_as(self.previous)
             self.previous.copy_(torch.where(self.first, start, self.previous))
             self.first.fill_(False)
         window = torch.cat([self.previous, x], dim=-1)
         self.previous.copy_(window[..., -history:])
-        return self.conv(window)
+        out: Tensor = self.conv(window)
+        return out
 
 
 class StreamingConvTranspose1d(Streaming):
@@ -114,7 +116,7 @@ class StreamingConvTranspose1d(Streaming):
 
     def forward(self, x: Tensor) -> Tensor:
         """x: [slots, in_channels, T] -> [slots, out_channels, T * stride]."""
-        y = self.convtr(x)
+        y: Tensor = self.convtr(x)
         owed = self.partial.shape[2]
         y[..., :owed] += self.partial
         tail = y[..., -owed:]
@@ -147,7 +149,8 @@ class ResnetBlock(nn.Module):
         )
 
     def forward(self, x: Tensor) -> Tensor:
-        return x + self.block(x)
+        update: Tensor = self.block(x)
+        return x + update
 
 
 class SeanetStack(nn.Module):

@@ -9,8 +9,8 @@ feeds T = 2 encoder frames per slot, channels first as the convolutions produce 
 """
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
+from torch.nn import functional
 
 from engine.models.moshi.attention import RingAttention, ring_mask
 from engine.models.moshi.mimi.seanet import Streaming
@@ -34,8 +34,12 @@ class MimiLayer(nn.Module):
     def forward(
         self, x: Tensor, start: Tensor, keys: Tensor, values: Tensor, mask: Tensor
     ) -> Tensor:
-        x = x + self.layer_scale_1(self.self_attn(self.norm1(x), start, keys, values, mask))
-        return x + self.layer_scale_2(self.linear2(F.gelu(self.linear1(self.norm2(x)))))
+        attended: Tensor = self.self_attn(self.norm1(x), start, keys, values, mask)
+        x = x + self.layer_scale_1(attended)
+        update: Tensor = self.layer_scale_2(
+            self.linear2(functional.gelu(self.linear1(self.norm2(x))))
+        )
+        return x + update
 
 
 class LayerScale(nn.Module):

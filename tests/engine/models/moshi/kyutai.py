@@ -47,7 +47,7 @@ def lm_kwargs(**overrides: Any) -> dict[str, Any]:
 
 def mimi_kwargs(config: MimiConfig) -> dict[str, Any]:
     """Kyutai's `_mimi_config` with the shapes of one of ours."""
-    kwargs = copy.deepcopy(loaders._mimi_config)
+    kwargs: dict[str, Any] = copy.deepcopy(loaders._mimi_config)
     kwargs["seanet"].update(
         n_filters=config.n_filters, dimension=config.seanet_dim, ratios=list(config.ratios)
     )
@@ -80,7 +80,7 @@ def build_mimi(config: MimiConfig, seed: int) -> MimiModel:
     code would be 0), so fill them at the scale of the latents."""
     torch.manual_seed(seed)
     mimi = loaders.get_mimi(None, mimi_config=mimi_kwargs(config), device=DEVICE)
-    quantizer = mimi.quantizer
+    quantizer: Any = mimi.quantizer
     for half in (quantizer.rvq_first, quantizer.rvq_rest):
         for layer in half.vq.layers:
             codebook = layer._codebook

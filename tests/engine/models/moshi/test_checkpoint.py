@@ -7,23 +7,26 @@ from pathlib import Path
 
 import pytest
 
-torch = pytest.importorskip("torch")
+pytest.importorskip("torch")
 pytest.importorskip("moshi")
 
-import numpy as np  # noqa: E402
-from safetensors.torch import load_file, save_file  # noqa: E402
+import numpy as np
+import torch
+from moshi.models.compression import MimiModel
+from moshi.models.lm import LMModel
+from safetensors.torch import load_file, save_file
 
-from engine.infer import add_infer_arguments, read_wav, run_infer, write_wav  # noqa: E402
-from engine.models.moshi.checkpoint import CheckpointError  # noqa: E402
-from engine.models.moshi.files import LM_NAME, MIMI_NAME  # noqa: E402
-from engine.models.moshi.model import build_moshi  # noqa: E402
-from tests.engine.models.moshi import kyutai  # noqa: E402
+from engine.infer import add_infer_arguments, read_wav, run_infer, write_wav
+from engine.models.moshi.checkpoint import CheckpointError
+from engine.models.moshi.files import LM_NAME, MIMI_NAME
+from engine.models.moshi.model import build_moshi
+from tests.engine.models.moshi import kyutai
 
 SEED = 31
 
 
 @pytest.fixture(scope="module")
-def reference(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, object, object]:
+def reference(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, LMModel, MimiModel]:
     directory = tmp_path_factory.mktemp("checkpoint")
     kwargs = kyutai.lm_kwargs()
     lm = kyutai.build_lm(kwargs, SEED)
@@ -39,7 +42,7 @@ def infer(argv: list[str]) -> int:
 
 
 def test_run_infer_loads_reference_checkpoint_and_matches_it(
-    reference: tuple[Path, object, object], tmp_path: Path
+    reference: tuple[Path, LMModel, MimiModel], tmp_path: Path
 ) -> None:
     directory, lm, mimi = reference
     frames = 12
@@ -68,7 +71,8 @@ def test_run_infer_loads_reference_checkpoint_and_matches_it(
     want, want_pcm = kyutai.run_reference(lm, mimi, torch.from_numpy(padded))
     np.testing.assert_array_equal(got, want.numpy())
     out, out_rate = read_wav(tmp_path / "out.wav")
-    assert out_rate == 24000 and out.shape[0] == (frames + 1) * 1920
+    assert out_rate == 24000
+    assert out.shape[0] == (frames + 1) * 1920
     np.testing.assert_allclose(out, want_pcm.numpy().reshape(-1).clip(-1, 1), atol=2 / 32767)
 
 
@@ -86,39 +90,50 @@ def load(directory: Path) -> None:
     build_moshi(kyutai.tiny_config(), 1, "cpu", torch.float32, checkpoint_dir=directory)
 
 
-def test_missing_tensor_is_named(reference: tuple[Path, object, object], tmp_path: Path) -> None:
+def test_missing_tensor_is_named(
+    reference: tuple[Path, LMModel, MimiModel], tmp_path: Path
+) -> None:
     def drop(state: dict[str, torch.Tensor]) -> None:
         del state["transformer.layers.1.gating.linear_out.weight"]
 
-    with pytest.raises(CheckpointError, match=r"missing tensor transformer\.layers\.1\.gating"
-                       r"\.linear_out\.weight \(expected shape \[64, 176\]\)"):
+    with pytest.raises(
+        CheckpointError,
+        match=r"missing tensor transformer\.layers\.1\.gating"
+        r"\.linear_out\.weight \(expected shape \[64, 176\]\)",
+    ):
         load(write_variant(reference[0], tmp_path / "ckpt", drop))
 
 
 def test_unexpected_tensor_is_named(
-    reference: tuple[Path, object, object], tmp_path: Path
+    reference: tuple[Path, LMModel, MimiModel], tmp_path: Path
 ) -> None:
     def add(state: dict[str, torch.Tensor]) -> None:
         state["transformer.layers.0.extra.weight"] = torch.zeros(3, 2)
 
-    with pytest.raises(CheckpointError, match=r"unexpected tensor transformer\.layers\.0\.extra"
-                       r"\.weight \(shape \[3, 2\]\)"):
+    with pytest.raises(
+        CheckpointError,
+        match=r"unexpected tensor transformer\.layers\.0\.extra"
+        r"\.weight \(shape \[3, 2\]\)",
+    ):
         load(write_variant(reference[0], tmp_path / "ckpt", add))
 
 
 def test_mismatched_shape_names_both_shapes(
-    reference: tuple[Path, object, object], tmp_path: Path
+    reference: tuple[Path, LMModel, MimiModel], tmp_path: Path
 ) -> None:
     def shrink(state: dict[str, torch.Tensor]) -> None:
         state["text_linear.weight"] = state["text_linear.weight"][:10].contiguous()
 
-    with pytest.raises(CheckpointError, match=r"tensor text_linear\.weight has shape \[10, 64\], "
-                       r"expected \[64, 64\]"):
+    with pytest.raises(
+        CheckpointError,
+        match=r"tensor text_linear\.weight has shape \[10, 64\], "
+        r"expected \[64, 64\]",
+    ):
         load(write_variant(reference[0], tmp_path / "ckpt", shrink))
 
 
 def test_fused_projections_load_like_split_ones(
-    reference: tuple[Path, object, object], tmp_path: Path
+    reference: tuple[Path, LMModel, MimiModel], tmp_path: Path
 ) -> None:
     """The released files store attention projections fused (`in_proj_weight`)."""
 
@@ -141,7 +156,7 @@ def test_fused_projections_load_like_split_ones(
 
 
 def test_missing_files_and_unreadable_input_exit_2(
-    reference: tuple[Path, object, object], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    reference: tuple[Path, LMModel, MimiModel], tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     good_wav = tmp_path / "in.wav"
     write_wav(good_wav, np.zeros(1920, np.float32), 24000)
@@ -156,7 +171,8 @@ def test_missing_files_and_unreadable_input_exit_2(
     bad_wav.write_bytes(b"RIFF but not really a wave file")
     assert infer(["--checkpoint", str(reference[0]), "--input", str(bad_wav), *out]) == 2
     err = capsys.readouterr().err
-    assert err.startswith("cadence infer: cannot read WAV") and err.count("\n") == 1
+    assert err.startswith("cadence infer: cannot read WAV")
+    assert err.count("\n") == 1
     assert infer(["--input", str(good_wav), *out]) == 2
     assert "exactly one of --checkpoint" in capsys.readouterr().err
     corrupt = write_variant(reference[0], tmp_path / "corrupt", lambda state: None)
@@ -167,7 +183,7 @@ def test_missing_files_and_unreadable_input_exit_2(
 
 def test_random_weights_run_on_the_tiny_config(tmp_path: Path) -> None:
     source = tmp_path / "in.wav"
-    write_wav(source, 0.1 * np.sin(np.arange(3 * 1920, dtype=np.float32) / 9), 16000)
+    write_wav(source, (0.1 * np.sin(np.arange(3 * 1920) / 9)).astype(np.float32), 16000)
     argv = ["--random-weights", "5", "--config", "tiny", "--input", str(source)]
     argv += ["--output", str(tmp_path / "out.wav"), "--tokens", str(tmp_path / "t.jsonl")]
     assert infer(argv) == 0

@@ -2,24 +2,26 @@
 
 import pytest
 
-torch = pytest.importorskip("torch")
+pytest.importorskip("torch")
 pytest.importorskip("moshi")
 
-from moshi.models.lm import LMGen  # noqa: E402
+import torch
+from moshi.models.lm import LMGen
 
-from engine.models.moshi.checkpoint import lm_sources, lm_unused, load_into  # noqa: E402
-from engine.models.moshi.config import from_kyutai_lm_kwargs  # noqa: E402
-from engine.models.moshi.lm import MoshiLm  # noqa: E402
-from engine.models.moshi.prompt import personaplex_frames  # noqa: E402
-from engine.models.moshi.sampling import Sampling  # noqa: E402
-from tests.engine.models.moshi import kyutai  # noqa: E402
+from engine.models.moshi.checkpoint import lm_sources, lm_unused, load_into
+from engine.models.moshi.config import from_kyutai_lm_kwargs
+from engine.models.moshi.lm import MoshiLm
+from engine.models.moshi.prompt import personaplex_frames
+from engine.models.moshi.sampling import Sampling
+from tests.engine.models.moshi import kyutai
 
 GREEDY = Sampling(greedy=True, temperature=1.0, top_k=1)
 CPU = torch.device("cpu")
 
 
-def ours_from(ref: torch.nn.Module, kwargs: dict[str, object], slots: int,
-              dtype: torch.dtype = torch.float32) -> MoshiLm:
+def ours_from(
+    ref: torch.nn.Module, kwargs: dict[str, object], slots: int, dtype: torch.dtype = torch.float32
+) -> MoshiLm:
     config = from_kyutai_lm_kwargs(kwargs, kyutai.tiny_config()).lm
     lm = MoshiLm(config, slots, CPU, dtype, GREEDY, GREEDY, None)
     load_into(lm, ref.state_dict(), lm_sources(config), lm_unused(config), "reference")
@@ -34,13 +36,16 @@ def reference_frames(gen: LMGen, user: torch.Tensor, overwrite_user: bool) -> to
     every step with the real codes, as PersonaPlex's generator provides them."""
     frames = []
     steps = user.shape[2]
-    ring = gen._streaming_state.cache.shape[2]
+    state = gen._streaming_state
+    assert state is not None
+    ring = state.cache.shape[2]
     for t in range(steps):
         given = user[:, :, t : t + 1] if not overwrite_user else user[:, :0, t : t + 1]
         out = gen.step(given)
+        assert out is not None
         frames.append(out[:, :9, 0].clone())
         if overwrite_user:
-            cache = gen._streaming_state.cache
+            cache = state.cache
             position = (t + 1) % ring
             if t + 1 < steps:
                 cache[:, 9, position] = user[:, 0, t + 1]
@@ -108,11 +113,13 @@ def test_teacher_forced_text_logits_match(dtype: torch.dtype) -> None:
         want = want[0, 0].float()
         got = teacher_forced_text_logits(ours_from(ref, kwargs, 1, dtype), tokens)
     scale = want.abs().max().item()
-    error = (got - want).abs().max().item()
-    # fp32: the same operations in the same order up to summation order; bf16: one rounding
-    # of the logits (8 bits of mantissa) plus differently rounded intermediate sums
-    tolerance = 1e-5 if dtype == torch.float32 else 1e-2
-    assert error <= tolerance * scale, (error, scale)
+    error = (got - want).abs()
+    # fp32: the same operations up to summation order. bf16: logits are bf16 (8-bit mantissa,
+    # one unit in the last place = 2**-7 relative), intermediate sums round differently:
+    # allow 4 units at the largest logit, and 1/2 unit on average
+    max_tolerance, mean_tolerance = (1e-5, 1e-6) if dtype == torch.float32 else (3e-2, 4e-3)
+    assert error.max().item() <= max_tolerance * scale, (error.max().item(), scale)
+    assert error.mean().item() <= mean_tolerance * scale, (error.mean().item(), scale)
 
 
 def test_prompt_replay_matches_stepped_reference() -> None:
@@ -123,14 +130,20 @@ def test_prompt_replay_matches_stepped_reference() -> None:
     generator = torch.Generator().manual_seed(22)
     voice = torch.randint(0, 64, (5, 8), generator=generator)
     frames = personaplex_frames(
-        voice, [7, 9, 11], text_padding_id=3, silence_codes=(1,) * 8, sine_codes=(2,) * 8,
+        voice,
+        [7, 9, 11],
+        text_padding_id=3,
+        silence_codes=(1,) * 8,
+        sine_codes=(2,) * 8,
         silence_frames=2,
     )
     prompt_steps, live_steps = frames.shape[0], 12
     live = torch.randint(0, 64, (1, 8, live_steps), generator=generator)
     gen = LMGen(ref, use_sampling=False, support_out_of_sync=True)
     with torch.no_grad(), gen.streaming(1):
-        cache = gen._streaming_state.cache
+        state = gen._streaming_state
+        assert state is not None
+        cache = state.cache
         ring = cache.shape[2]
         for t in range(prompt_steps):
             gen.step(frames[t, 9:].view(1, 8, 1))
@@ -138,7 +151,12 @@ def test_prompt_replay_matches_stepped_reference() -> None:
             if t + 1 < prompt_steps:
                 cache[0, :2, position] = frames[t + 1, :2]
             cache[0, 2:9, position] = frames[t, 2:9]
-        want = torch.stack([gen.step(live[:, :, t : t + 1])[0, :9, 0] for t in range(live_steps)])
+        want_frames = []
+        for t in range(live_steps):
+            out = gen.step(live[:, :, t : t + 1])
+            assert out is not None
+            want_frames.append(out[0, :9, 0])
+        want = torch.stack(want_frames)
     lm = ours_from(ref, kwargs, 2)
     with torch.no_grad():
         lm.reset(torch.ones(2, dtype=torch.bool))

@@ -4,12 +4,14 @@ import dataclasses
 
 import pytest
 
-torch = pytest.importorskip("torch")
+pytest.importorskip("torch")
 pytest.importorskip("moshi")
 
-from engine.models.moshi.checkpoint import load_into, mimi_sources, mimi_unused  # noqa: E402
-from engine.models.moshi.mimi.codec import MimiCodec  # noqa: E402
-from tests.engine.models.moshi import kyutai  # noqa: E402
+import torch
+
+from engine.models.moshi.checkpoint import load_into, mimi_sources, mimi_unused
+from engine.models.moshi.mimi.codec import MimiCodec
+from tests.engine.models.moshi import kyutai
 
 FRAME = 1920
 

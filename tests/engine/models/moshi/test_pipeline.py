@@ -10,13 +10,16 @@ from pathlib import Path
 
 import pytest
 
-torch = pytest.importorskip("torch")
+pytest.importorskip("torch")
 pytest.importorskip("moshi")
 
-import numpy as np  # noqa: E402
+import numpy as np
+import torch
+from moshi.models.compression import MimiModel
+from moshi.models.lm import LMModel
 
-from engine.models.moshi.model import MoshiModel, build_moshi  # noqa: E402
-from tests.engine.models.moshi import kyutai  # noqa: E402
+from engine.models.moshi.model import MoshiModel, build_moshi
+from tests.engine.models.moshi import kyutai
 
 FRAME = 1920
 
@@ -29,9 +32,9 @@ def speechlike(seed: int, frames: int) -> torch.Tensor:
     return (0.3 * noise * envelope).float()
 
 
-def build_pair(tmp_path: Path, seed: int, slots: int, **lm_overrides: object) -> tuple[
-    object, object, MoshiModel
-]:
+def build_pair(
+    tmp_path: Path, seed: int, slots: int, **lm_overrides: object
+) -> tuple[LMModel, MimiModel, MoshiModel]:
     config = kyutai.tiny_config()
     kwargs = kyutai.lm_kwargs(**lm_overrides)
     lm = kyutai.build_lm(kwargs, seed)
@@ -61,7 +64,9 @@ def test_calls_joining_and_leaving_match_fresh_reference_runs(tmp_path: Path) ->
                 live[slot] = (index, tick - start)
                 reset[slot] = tick == start
                 active[slot] = True
-                pcm[slot] = audio[index][(tick - start) * FRAME : (tick - start + 1) * FRAME].numpy()
+                pcm[slot] = audio[index][
+                    (tick - start) * FRAME : (tick - start + 1) * FRAME
+                ].numpy()
         out = ours.step(pcm, reset, active)
         for slot in range(3):
             if slot in live:
@@ -74,7 +79,8 @@ def test_calls_joining_and_leaving_match_fresh_reference_runs(tmp_path: Path) ->
     for index in range(len(CALLS)):
         want_tokens, want_pcm = kyutai.run_reference(ref_lm, ref_mimi, audio[index])
         np.testing.assert_array_equal(got_tokens[index], want_tokens.numpy())
-        assert (got_tokens[index][0] == -1).all() and (got_tokens[index][1:] >= 0).all()
+        assert (got_tokens[index][0] == -1).all()
+        assert (got_tokens[index][1:] >= 0).all()
         # frames differ from each other, so a wrong token cannot hide in a constant stream
         assert len(np.unique(got_tokens[index][1:], axis=0)) >= len(got_tokens[index]) // 2
         error = np.linalg.norm(got_pcm[index] - want_pcm.numpy())

@@ -5,11 +5,13 @@ from pathlib import Path
 
 import pytest
 
-torch = pytest.importorskip("torch")
+pytest.importorskip("torch")
 
-from engine.models.moshi.config import load_config  # noqa: E402
-from engine.models.moshi.prompt import SILENCE_CODES, SINE_CODES, personaplex_frames  # noqa: E402
-from engine.models.moshi.sampling import Sampling, sample  # noqa: E402
+import torch
+
+from engine.models.moshi.config import load_config
+from engine.models.moshi.prompt import SILENCE_CODES, SINE_CODES, personaplex_frames
+from engine.models.moshi.sampling import Sampling, sample
 
 
 def test_top_k_sampling_stays_in_the_top_k_and_follows_the_distribution() -> None:
@@ -26,19 +28,24 @@ def test_top_1_and_greedy_agree_and_seeds_reproduce() -> None:
     logits = torch.randn(64, 100, generator=torch.Generator().manual_seed(1))
     greedy = sample(logits, Sampling(greedy=True, temperature=1.0, top_k=1), None)
     top_1 = sample(logits, Sampling(greedy=False, temperature=0.7, top_k=1), None)
-    assert torch.equal(greedy, logits.argmax(dim=-1)) and torch.equal(top_1, greedy)
+    assert torch.equal(greedy, logits.argmax(dim=-1))
+    assert torch.equal(top_1, greedy)
     how = Sampling(greedy=False, temperature=0.8, top_k=50)
     first = sample(logits, how, torch.Generator().manual_seed(7))
     again = sample(logits, how, torch.Generator().manual_seed(7))
-    assert torch.equal(first, again) and not torch.equal(first, greedy)
+    assert torch.equal(first, again)
+    assert not torch.equal(first, greedy)
 
 
 def test_named_and_file_configs(tmp_path: Path) -> None:
-    assert load_config("7b").lm.dim == 4096 and load_config("7b").lm.context == 1500
+    assert load_config("7b").lm.dim == 4096
+    assert load_config("7b").lm.context == 1500
     assert load_config("personaplex").lm.dep_q == 16
     toml = tmp_path / "c.toml"
-    toml.write_text('base = "tiny"\n[lm]\nnum_layers = 3\ndelays = [0, 0, 1, 1, 1, 1, 1, 1, 1, '
-                    "0, 1, 1, 1, 1, 1, 1, 1]\n")
+    toml.write_text(
+        'base = "tiny"\n[lm]\nnum_layers = 3\ndelays = [0, 0, 1, 1, 1, 1, 1, 1, 1, '
+        "0, 1, 1, 1, 1, 1, 1, 1]\n"
+    )
     assert load_config(str(toml)).lm.num_layers == 3
     bad = tmp_path / "bad.json"
     bad.write_text(json.dumps({"base": "tiny", "lm": {"layers": 3}}))
