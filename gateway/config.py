@@ -18,7 +18,7 @@ class GatewayConfig:
     jitter: JitterConfig = field(default_factory=JitterConfig)
     pumps_per_tick: int = 4  # the receive path runs every 20 ms of an 80 ms tick
     pump_lead_s: float = 0.015  # the frame is in the ring this long before the tick
-    send_queue_max_s: float = 0.2
+    send_queue_max_s: float = 0.12  # one 80 ms frame plus slack for the pump's phase
     engine_wait_s: float = 30.0  # how long to wait for the engine at start
 
     def __post_init__(self) -> None:

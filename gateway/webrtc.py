@@ -5,8 +5,9 @@ Receive: aiortc's audio receiver would put packets through its count-based jitte
 packet is taken as it arrives from the DTLS transport, before that buffer, and fed to the
 call's own time-based jitter buffer (gateway/media/jitter.py).
 
-Send: a track whose `recv` returns one 20 ms packet of the engine's audio at absolute instants
-on the engine's grid, so aiortc encodes and sends it right away; nothing queues ahead of time.
+Send: a track whose `recv` returns one 20 ms Opus packet of the engine's audio, encoded here,
+at absolute instants on the engine's grid, so aiortc only packetizes and sends it; nothing
+queues ahead of time.
 """
 
 import asyncio
@@ -15,7 +16,6 @@ import logging
 import time
 from collections.abc import Awaitable, Callable
 
-import numpy as np
 from aiortc import (
     MediaStreamTrack,
     RTCConfiguration,
@@ -24,11 +24,11 @@ from aiortc import (
     RTCSessionDescription,
 )
 from aiortc.rtp import RtpPacket
-from av import AudioFrame
-from numpy.typing import NDArray
+from av.packet import Packet
 
 from gateway.media.clock import PumpGrid
 from gateway.media.downlink import Downlink
+from gateway.media.opus import OpusEncoder
 from gateway.media.uplink import Uplink
 
 log = logging.getLogger(__name__)
@@ -49,11 +49,12 @@ class PacedAudioTrack(MediaStreamTrack):
         super().__init__()
         self._downlink = downlink
         self._grid = grid
+        self._encoder = OpusEncoder(OPUS_RATE)
         self._index: int | None = None
         self._pts = 0
         self.late_skips = 0  # packet instants skipped because recv was called too late
 
-    async def recv(self) -> AudioFrame:
+    async def recv(self) -> Packet:
         grid = self._grid
         now = time.monotonic()
         current = grid.index_at(now - SEND_OFFSET_S)
@@ -61,29 +62,30 @@ class PacedAudioTrack(MediaStreamTrack):
             self._index = current + 1
         else:
             self._index += 1
-            if current > self._index:  # fell behind: jump, keep timestamps true to time
-                self.late_skips += current - self._index
-                self._pts += (current - self._index) * PACKET_SAMPLES
+            if current > self._index:  # fell behind: jump, keep audio and time aligned
+                skipped = current - self._index
+                self.late_skips += skipped
+                self._downlink.skip(skipped)
+                self._pts += skipped * PACKET_SAMPLES
                 self._index = current
         due = grid.instant(self._index) + SEND_OFFSET_S
         if due > now:
             await asyncio.sleep(due - now)
-        pcm = self._downlink.next_packet()
-        frame = stereo_frame(pcm, self._pts)
-        self._pts += pcm.size
-        return frame
+        packet = opus_packet(self._encoder.encode(self._downlink.next_packet()), self._pts)
+        self._pts += PACKET_SAMPLES
+        return packet
+
+    def stop(self) -> None:
+        super().stop()
+        self._encoder.close()
 
 
-def stereo_frame(pcm: NDArray[np.int16], pts: int) -> AudioFrame:
-    """A 48 kHz frame with the mono signal on both channels.
-
-    aiortc's Opus encoder takes stereo; handing it mono makes libswresample upmix at -3 dB.
-    """
-    frame = AudioFrame.from_ndarray(np.repeat(pcm, 2).reshape(1, -1), format="s16", layout="stereo")
-    frame.sample_rate = OPUS_RATE
-    frame.pts = pts
-    frame.time_base = fractions.Fraction(1, OPUS_RATE)
-    return frame
+def opus_packet(payload: bytes, pts: int) -> Packet:
+    """A ready Opus packet: aiortc only packetizes it, no resampling or encoding thread."""
+    packet = Packet(payload)
+    packet.pts = pts
+    packet.time_base = fractions.Fraction(1, OPUS_RATE)
+    return packet
 
 
 PacketSink = Callable[[RtpPacket, float], None]

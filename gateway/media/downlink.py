@@ -3,7 +3,9 @@
 Sans-IO: `accept` takes the engine's frames (int16 at the model rate) and `next_packet` hands
 out exactly one packet's worth at the codec rate, or silence when nothing is queued. The
 queue holds at most `max_queue_s`; beyond it the oldest audio goes, so a stall upstream can
-never leave a call permanently behind.
+never leave a call permanently behind. Frames that arrive before the sender has asked for its
+first packet are not queued: the engine serves a slot from the moment it is admitted, while
+the peer may take a few hundred milliseconds more to connect.
 """
 
 from collections.abc import Iterable
@@ -30,6 +32,7 @@ class Downlink:
         self.silent_packets = 0  # packets sent with nothing queued
         self.dropped_samples = 0
         self.tokens: list[NDArray[np.int32]] = []
+        self.sending = False  # set by the first next_packet
 
     @property
     def queued_s(self) -> float:
@@ -37,13 +40,15 @@ class Downlink:
 
     def accept(self, frames: Iterable[DownlinkFrame]) -> None:
         for frame in frames:
+            if frame.tokens.size:
+                self.tokens.append(frame.tokens)
+            if not self.sending:
+                continue
             x = to_float32(frame.pcm)
             if self._resampler is not None:
                 x = self._resampler.process(x)
             self._append(x)
             self.frames += 1
-            if frame.tokens.size:
-                self.tokens.append(frame.tokens)
 
     def _append(self, x: NDArray[np.float32]) -> None:
         overflow = self._fill + x.size - self._max
@@ -56,7 +61,15 @@ class Downlink:
         self._queue[self._fill : self._fill + x.size] = x
         self._fill += x.size
 
+    def skip(self, packets: int) -> None:
+        """Drop the audio of packet instants that passed unsent, so the queue stays on time."""
+        drop = min(self._fill, packets * self.packet_samples)
+        self._queue[: self._fill - drop] = self._queue[drop : self._fill]
+        self._fill -= drop
+        self.dropped_samples += drop
+
     def next_packet(self) -> NDArray[np.int16]:
+        self.sending = True
         n = self.packet_samples
         out = np.zeros(n, np.float32)
         have = min(n, self._fill)

@@ -1,8 +1,10 @@
-"""Opus decoding through libopus, with the codec's own loss concealment and in-band FEC.
+"""Opus through libopus: decoding with the codec's own loss concealment and in-band FEC,
+and encoding of the send path.
 
 aiortc decodes through PyAV, which offers neither packet-loss concealment nor forward error
-correction; the jitter buffer needs both, so the receive path binds the few libopus decoder
-calls it uses directly (Debian package libopus0).
+correction, and encodes on a thread pool after a stereo resample, hopping threads for every
+20 ms packet. The media paths bind the few libopus calls they need directly (Debian package
+libopus0) and hand aiortc ready packets.
 """
 
 import ctypes
@@ -40,6 +42,22 @@ def _libopus() -> ctypes.CDLL:
     ]
     lib.opus_packet_get_nb_samples.restype = ctypes.c_int
     lib.opus_packet_get_nb_samples.argtypes = [ctypes.c_char_p, ctypes.c_int32, ctypes.c_int32]
+    lib.opus_encoder_create.restype = ctypes.c_void_p
+    lib.opus_encoder_create.argtypes = [
+        ctypes.c_int32,
+        ctypes.c_int,
+        ctypes.c_int,
+        ctypes.POINTER(ctypes.c_int),
+    ]
+    lib.opus_encoder_destroy.argtypes = [ctypes.c_void_p]
+    lib.opus_encode.restype = ctypes.c_int32
+    lib.opus_encode.argtypes = [
+        ctypes.c_void_p,
+        ctypes.POINTER(ctypes.c_int16),
+        ctypes.c_int,
+        ctypes.c_char_p,
+        ctypes.c_int32,
+    ]
     lib.opus_strerror.restype = ctypes.c_char_p
     lib.opus_strerror.argtypes = [ctypes.c_int]
     return lib
@@ -105,3 +123,58 @@ class OpusDecoder:
         if n < 0:
             raise OpusError(f"opus_decode: {_error(n)}")
         return self._pcm[:n].copy()
+
+
+OPUS_APPLICATION_VOIP = 2048
+OPUS_SET_BITRATE = 4002
+OPUS_SET_COMPLEXITY = 4010
+OPUS_SET_INBAND_FEC = 4012
+OPUS_SET_PACKET_LOSS_PERC = 4014
+MAX_PACKET_BYTES = 1500
+
+
+class OpusEncoder:
+    """A mono libopus encoder for speech, with in-band FEC for the receiver's concealment."""
+
+    def __init__(
+        self, rate: int = 48000, bitrate: int = 32000, complexity: int = 5, loss_percent: int = 5
+    ) -> None:
+        if rate not in OPUS_RATES:
+            raise ValueError(f"Opus encodes at {OPUS_RATES}, not {rate}")
+        lib = _libopus()
+        err = ctypes.c_int(0)
+        state = lib.opus_encoder_create(rate, 1, OPUS_APPLICATION_VOIP, ctypes.byref(err))
+        if err.value != 0 or not state:
+            raise OpusError(f"opus_encoder_create: {_error(err.value)}")
+        self._lib = lib
+        self._state: int | None = state
+        self.rate = rate
+        for request, value in (
+            (OPUS_SET_BITRATE, bitrate),
+            (OPUS_SET_COMPLEXITY, complexity),
+            (OPUS_SET_INBAND_FEC, 1),
+            (OPUS_SET_PACKET_LOSS_PERC, loss_percent),
+        ):
+            code = lib.opus_encoder_ctl(ctypes.c_void_p(state), request, ctypes.c_int32(value))
+            if code != 0:
+                raise OpusError(f"opus_encoder_ctl({request}): {_error(code)}")
+        self._out = ctypes.create_string_buffer(MAX_PACKET_BYTES)
+
+    def encode(self, pcm: NDArray[np.int16]) -> bytes:
+        """One packet from int16 [n], n a valid Opus frame size (20 ms: rate / 50)."""
+        if self._state is None:
+            raise OpusError("encoder is closed")
+        pcm = np.ascontiguousarray(pcm, np.int16)
+        ptr = pcm.ctypes.data_as(ctypes.POINTER(ctypes.c_int16))
+        n = self._lib.opus_encode(self._state, ptr, pcm.size, self._out, MAX_PACKET_BYTES)
+        if n < 0:
+            raise OpusError(f"opus_encode: {_error(n)}")
+        return self._out.raw[:n]
+
+    def close(self) -> None:
+        if self._state is not None:
+            self._lib.opus_encoder_destroy(self._state)
+            self._state = None
+
+    def __del__(self) -> None:
+        self.close()

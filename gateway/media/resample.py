@@ -8,9 +8,9 @@ fixed group delay of taps_per_phase / 2 input samples (1 ms at 48 kHz).
 
 Design: a Kaiser-windowed sinc low-pass at the upsampled rate in * L, split into L phases of
 `taps_per_phase` taps; output k uses phase (k * M) mod L over the last `taps_per_phase` input
-samples. Each phase runs as one `np.convolve` over the chunk (about 0.1 ms per 20 ms packet). Defaults (96 taps per phase, beta 8.6, cutoff 0.9 of the lower Nyquist) keep the
-passband within 0.1 dB to ~0.8 of the lower Nyquist and attenuate images and aliases by
-more than 70 dB past the lower Nyquist.
+samples. Each phase runs as one `np.convolve` over the chunk (about 0.1 ms per 20 ms packet).
+Defaults (96 taps per phase, beta 8.6, cutoff 0.9 of the lower Nyquist) keep the passband
+within 0.1 dB to 0.75 of the lower Nyquist and attenuate aliases by more than 70 dB.
 """
 
 from math import gcd
