@@ -25,6 +25,7 @@ from aiortc import (
 )
 from aiortc.rtp import RtpPacket
 from av.packet import Packet
+from av.stream import Stream
 
 from gateway.media.clock import PumpGrid
 from gateway.media.downlink import Downlink
@@ -54,7 +55,7 @@ class PacedAudioTrack(MediaStreamTrack):
         self._pts = 0
         self.late_skips = 0  # packet instants skipped because recv was called too late
 
-    async def recv(self) -> Packet:
+    async def recv(self) -> Packet[Stream]:
         grid = self._grid
         now = time.monotonic()
         current = grid.index_at(now - SEND_OFFSET_S)
@@ -80,9 +81,9 @@ class PacedAudioTrack(MediaStreamTrack):
         self._encoder.close()
 
 
-def opus_packet(payload: bytes, pts: int) -> Packet:
+def opus_packet(payload: bytes, pts: int) -> Packet[Stream]:
     """A ready Opus packet: aiortc only packetizes it, no resampling or encoding thread."""
-    packet = Packet(payload)
+    packet: Packet[Stream] = Packet(payload)
     packet.pts = pts
     packet.time_base = fractions.Fraction(1, OPUS_RATE)
     return packet

@@ -45,7 +45,7 @@ class Resampler:
         # phase p holds h[p], h[p + L], ...: output at upsampled index n of window w = n // L
         # is the dot of inputs w .. w + t - 1 with phase n % L, reversed
         self._phases = h.reshape(t, self.up).T.astype(np.float32).copy()
-        self._history = np.zeros(t - 1, np.float32)
+        self._history: NDArray[np.float32] = np.zeros(t - 1, np.float32)
         self._next = 0  # upsampled index of the next output, relative to the history start
 
     @property
@@ -61,7 +61,7 @@ class Resampler:
         n = np.arange(self._next, last, down)
         # np.convolve runs the dot products in C: every window of every phase, then pick
         full = np.stack([np.convolve(buf, phase, "valid") for phase in self._phases])
-        y: NDArray[np.float32] = full[n % up, n // up]
+        y: NDArray[np.float32] = full[n % up, n // up].astype(np.float32, copy=False)
         consumed = buf.size - (t - 1)
         self._next = (int(n[-1]) + down if n.size else self._next) - consumed * up
         self._history = buf[consumed:].copy()

@@ -7,6 +7,7 @@ from multiprocessing.synchronize import Event
 
 import numpy as np
 import pytest
+from numpy.typing import NDArray
 
 from engine.ring import (
     DownlinkReader,
@@ -30,7 +31,7 @@ def ring(request: pytest.FixtureRequest) -> Iterator[SharedRing]:
     ring.close()
 
 
-def _frame(value: int) -> np.ndarray:
+def _frame(value: int) -> NDArray[np.int16]:
     return np.full(SPEC.frame_samples, value, np.int16)
 
 

@@ -13,6 +13,7 @@ import numpy as np
 from aiortc import MediaStreamTrack, RTCConfiguration, RTCPeerConnection, RTCSessionDescription
 from aiortc.rtp import RtpPacket
 from av.packet import Packet
+from av.stream import Stream
 from numpy.typing import NDArray
 
 from gateway.media.opus import OpusDecoder, OpusEncoder
@@ -42,7 +43,7 @@ class SignalTrack(MediaStreamTrack):
         self.sent_at: list[float] = []  # monotonic time each packet was handed to aiortc
         self._start: float | None = None
 
-    async def recv(self) -> Packet:
+    async def recv(self) -> Packet[Stream]:
         index = len(self.sent_at)
         if self._start is None:
             self._start = time.monotonic()

@@ -2,20 +2,21 @@
 
 import numpy as np
 import pytest
+from numpy.typing import NDArray
 
 from gateway.media.resample import Resampler, lowpass
 
 RATE_PAIRS = [(48000, 24000), (24000, 48000), (8000, 24000), (24000, 8000), (24000, 16000)]
 
 
-def _reference(x: np.ndarray, r: Resampler) -> np.ndarray:
+def _reference(x: NDArray[np.float32], r: Resampler) -> NDArray[np.float64]:
     """Zero-stuff by L, filter with the whole prototype, keep every M-th sample."""
     t = r._phases.shape[1]
     cutoff = 0.9 * 0.5 * min(r.in_rate, r.out_rate) / (r.in_rate * r.up)
     h = lowpass(t * r.up, cutoff, 8.6) * r.up
     u = np.zeros(x.size * r.up)
     u[:: r.up] = x
-    return np.convolve(u, h)[:: r.down]
+    return np.asarray(np.convolve(u, h)[:: r.down], np.float64)
 
 
 @pytest.mark.parametrize(("rate_in", "rate_out"), RATE_PAIRS)
