@@ -105,7 +105,6 @@ def run_infer(args: argparse.Namespace) -> int:
     from engine.models.moshi.checkpoint import CheckpointError
     from engine.models.moshi.config import load_config
     from engine.models.moshi.model import build_moshi
-    from engine.models.moshi.prompt import personaplex_frames
 
     try:
         if (args.checkpoint is None) == (args.random_weights is None):
@@ -126,24 +125,11 @@ def run_infer(args: argparse.Namespace) -> int:
         )
         frame = model.frame
         if args.voice_prompt is not None or args.text_prompt is not None:
-            voice: NDArray[np.float32] = np.zeros(0, np.float32)
+            voice = None
             if args.voice_prompt is not None:
                 voice_pcm, voice_rate = read_wav(args.voice_prompt)
                 voice = resample(voice_pcm, voice_rate, frame.sample_rate)
-            text: list[int] = []
-            if args.text_prompt:
-                if model.tokenizer is None:
-                    raise InputError("--text-prompt needs a tokenizer file in the checkpoint")
-                text = model.tokenizer.encode(args.text_prompt)
-            voice_codes = (
-                model.encode_audio(voice)
-                if voice.size
-                else torch.zeros(0, config.lm.audio_codebooks, dtype=torch.long)
-            )
-            frames = personaplex_frames(
-                voice_codes.cpu(), text, text_padding_id=config.lm.text_padding_id
-            )
-            model.set_prompt(frames)
+            model.set_personaplex_prompt(voice, args.text_prompt)
     except (InputError, CheckpointError, ValueError) as error:
         sys.stderr.write(f"cadence infer: {error}\n")
         return EXIT_USAGE

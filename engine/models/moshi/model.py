@@ -36,6 +36,14 @@ from engine.models.moshi.config import MoshiConfig
 from engine.models.moshi.files import config_for, find_files
 from engine.models.moshi.lm import MoshiLm
 from engine.models.moshi.mimi.codec import MimiCodec
+from engine.models.moshi.prompt import (
+    MIMI_BINS,
+    SILENCE_CODES,
+    SINE_AMPLITUDE,
+    SINE_CODES,
+    SINE_HZ,
+    personaplex_frames,
+)
 from engine.models.moshi.sampling import Sampling
 from engine.models.moshi.tokenizer import TextTokenizer
 
@@ -86,6 +94,37 @@ class MoshiModel:
             if not 0 < frames.shape[0] <= self.config.lm.context:
                 raise ValueError(f"prompt of {frames.shape[0]} frames does not fit the context")
         self._prompt = None if frames is None else frames.to(self.device, torch.long)
+
+    def set_personaplex_prompt(
+        self, voice_pcm: NDArray[np.float32] | None, role_text: str | None
+    ) -> None:
+        """Replay PersonaPlex's prompt into every new call: the voice (float32 samples at the
+        model rate) and the role text (needs the checkpoint's tokenizer); see prompt.py."""
+        text: list[int] = []
+        if role_text:
+            if self.tokenizer is None:
+                raise ValueError("a role text needs the checkpoint's tokenizer file")
+            text = self.tokenizer.encode(role_text)
+        audio = self.config.lm.audio_codebooks
+        voice = torch.zeros(0, audio, dtype=torch.long)
+        if voice_pcm is not None and voice_pcm.size:
+            voice = self.encode_audio(voice_pcm).cpu()
+        silence, sine = SILENCE_CODES, SINE_CODES
+        if self.config.mimi.bins != MIMI_BINS:
+            # another codec (tiny configs): the codes of the same two signals under it
+            samples = self._frame.samples
+            time_s = np.arange(samples, dtype=np.float32) / self._frame.sample_rate
+            tone = (SINE_AMPLITUDE * np.sin(2 * np.pi * SINE_HZ * time_s)).astype(np.float32)
+            silence = tuple(self.encode_audio(np.zeros(samples, np.float32))[0].tolist())
+            sine = tuple(self.encode_audio(tone)[0].tolist())
+        frames = personaplex_frames(
+            voice,
+            text,
+            text_padding_id=self.config.lm.text_padding_id,
+            silence_codes=silence,
+            sine_codes=sine,
+        )
+        self.set_prompt(frames)
 
     @torch.no_grad()
     def encode_audio(self, pcm: NDArray[np.float32]) -> Tensor:

@@ -16,9 +16,13 @@ later, so its outputs are the same tokens one frame later.)
 import torch
 from torch import Tensor
 
-# Mimi codes of a silent frame and of PersonaPlex's 440 Hz "no user yet" frame (real Mimi)
+# Mimi codes of a silent frame and of PersonaPlex's "no user yet" frame, a 440 Hz sine of
+# amplitude 0.5, under the released Mimi (2048 bins)
+MIMI_BINS = 2048
 SILENCE_CODES = (948, 243, 1178, 546, 1736, 1030, 1978, 2008)
 SINE_CODES = (430, 1268, 381, 1611, 1095, 1495, 56, 472)
+SINE_HZ = 440.0
+SINE_AMPLITUDE = 0.5
 SILENCE_FRAMES = 6  # 0.5 s at 12.5 Hz, before and after the role text
 
 

@@ -191,3 +191,41 @@ def test_random_weights_run_on_the_tiny_config(tmp_path: Path) -> None:
     assert len(lines) == -(-3 * 1920 * 24000 // 16000 // 1920) + 1
     assert json.loads(lines[0])["tokens"] == [-1] * 9
     assert min(json.loads(lines[1])["tokens"]) >= 0
+
+
+def train_tokenizer(path: Path, vocab: int) -> None:
+    """A real sentencepiece model of the given vocabulary, trained on made-up words."""
+    import random
+
+    import sentencepiece
+
+    rng = random.Random(0)
+    letters = "abcdefghijklmnop"
+    words = ["".join(rng.choice(letters) for _ in range(rng.randint(2, 7))) for _ in range(300)]
+    corpus = path.with_suffix(".txt")
+    corpus.write_text("\n".join(" ".join(rng.choice(words) for _ in range(12)) for _ in range(200)))
+    sentencepiece.SentencePieceTrainer.train(
+        input=str(corpus), model_prefix=str(path.with_suffix("")), vocab_size=vocab, minloglevel=2
+    )
+
+
+def test_personaplex_prompt_and_captions_through_run_infer(
+    reference: tuple[Path, LMModel, MimiModel], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    directory = write_variant(reference[0], tmp_path / "ckpt", lambda state: None)
+    train_tokenizer(directory / "tokenizer_spm_32k_3.model", vocab=64)
+    source = tmp_path / "in.wav"
+    write_wav(source, np.zeros(2 * 1920, np.float32), 24000)
+    voice = tmp_path / "voice.wav"
+    write_wav(voice, (0.3 * np.sin(np.arange(5000) / 7)).astype(np.float32), 24000)
+    argv = ["--checkpoint", str(directory), "--config", "tiny", "--greedy"]
+    argv += ["--input", str(source), "--output", str(tmp_path / "out.wav")]
+    argv += ["--tokens", str(tmp_path / "t.jsonl"), "--voice-prompt", str(voice)]
+    assert infer([*argv, "--text-prompt", "abc dog"]) == 0
+    lines = [json.loads(line) for line in (tmp_path / "t.jsonl").read_text().splitlines()]
+    # after the replayed prompt the call's very first step already emits a frame
+    assert min(lines[0]["tokens"]) >= 0
+    assert all(isinstance(line["text"], str) for line in lines)
+    train_tokenizer(directory / "tokenizer_spm_32k_3.model", vocab=70)
+    assert infer([*argv, "--text-prompt", "abc"]) == 2
+    assert "has 70 tokens, the LM 64" in capsys.readouterr().err
