@@ -192,6 +192,12 @@ def mimi_sources(mimi: nn.Module, config: MimiConfig) -> dict[str, list[Source]]
         elif re.match(r"^(encoder|decoder)_transformer\.", name):
             theirs = name.replace("_transformer.", "_transformer.transformer.", 1)
             sources[name] = [_one(theirs, shape)]
+            if re.search(r"\.norm[12]\.weight$", name):
+                # some exports store LayerNorm gains as `alpha` [1, 1, dim]
+                alpha = theirs.removesuffix("weight") + "alpha"
+                sources[name].append(
+                    Source((alpha,), (frozenset({(1, 1, *shape)}),), lambda ts: ts[0].reshape(-1))
+                )
         else:
             sources[name] = [_one(name, shape)]
     for side in ("encoder", "decoder"):

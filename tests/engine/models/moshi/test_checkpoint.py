@@ -137,17 +137,9 @@ def test_fused_projections_load_like_split_ones(
 ) -> None:
     """The released files store attention projections fused (`in_proj_weight`)."""
 
-    def fuse(state: dict[str, torch.Tensor]) -> None:
-        for key in [k for k in state if k.endswith("self_attn.in_projs.0.weight")]:
-            prefix = key.removesuffix("in_projs.0.weight")
-            steps = sorted(k for k in state if k.startswith(prefix + "in_projs."))
-            state[prefix + "in_proj_weight"] = torch.cat([state.pop(k) for k in steps])
-            outs = sorted(k for k in state if k.startswith(prefix + "out_projs."))
-            state[prefix + "out_proj.weight"] = torch.cat([state.pop(k) for k in outs])
-
     directory = reference[0]
     split = build_moshi(kyutai.tiny_config(), 1, "cpu", torch.float32, checkpoint_dir=directory)
-    fused_dir = write_variant(directory, tmp_path / "fused", fuse)
+    fused_dir = write_variant(directory, tmp_path / "fused", fuse_projections)
     fused = build_moshi(kyutai.tiny_config(), 1, "cpu", torch.float32, checkpoint_dir=fused_dir)
     for (name, a), (_, b) in zip(
         split.lm.named_parameters(), fused.lm.named_parameters(), strict=True
@@ -229,3 +221,41 @@ def test_personaplex_prompt_and_captions_through_run_infer(
     train_tokenizer(directory / "tokenizer_spm_32k_3.model", vocab=70)
     assert infer([*argv, "--text-prompt", "abc"]) == 2
     assert "has 70 tokens, the LM 64" in capsys.readouterr().err
+
+
+def fuse_projections(state: dict[str, torch.Tensor]) -> None:
+    """Rewrite split per-step attention projections the way the released files store them:
+    one `in_proj_weight` / `out_proj.weight` per attention, steps stacked along rows."""
+    for key in [k for k in state if k.endswith("self_attn.in_projs.0.weight")]:
+        prefix = key.removesuffix("in_projs.0.weight")
+        for split, fused in (("in_projs", "in_proj_weight"), ("out_projs", "out_proj.weight")):
+            steps = sorted(
+                (k for k in state if k.startswith(f"{prefix}{split}.")),
+                key=lambda k: int(k.split(".")[-2]),
+            )
+            state[prefix + fused] = torch.cat([state.pop(k) for k in steps])
+
+
+def test_personaplex_layout_loads_its_first_8_depformer_steps() -> None:
+    """dep_q 16, projections fused over 16 steps (nvidia/personaplex-7b-v1's layout)."""
+    from engine.models.moshi.checkpoint import lm_sources, lm_unused, load_into
+    from engine.models.moshi.config import from_kyutai_lm_kwargs
+    from engine.models.moshi.lm import MoshiLm
+    from engine.models.moshi.sampling import Sampling
+
+    kwargs = kyutai.lm_kwargs(dep_q=16)
+    ref = kyutai.build_lm(kwargs, seed=51)
+    config = from_kyutai_lm_kwargs(kwargs, kyutai.tiny_config()).lm
+    greedy = Sampling(greedy=True, temperature=1.0, top_k=1)
+    split = MoshiLm(config, 1, torch.device("cpu"), torch.float32, greedy, greedy, None)
+    fused = MoshiLm(config, 1, torch.device("cpu"), torch.float32, greedy, greedy, None)
+    state = dict(ref.state_dict())
+    load_into(split, state, lm_sources(config), lm_unused(config), "split")
+    fuse_projections(state)
+    assert state["depformer.layers.0.self_attn.in_proj_weight"].shape == (16 * 96, 32)
+    load_into(fused, state, lm_sources(config), lm_unused(config), "fused")
+    for (name, a), (_, b) in zip(split.named_parameters(), fused.named_parameters(), strict=True):
+        assert torch.equal(a, b), name
+    step_7 = ref.state_dict()["depformer.layers.1.self_attn.in_projs.7.weight"]
+    ours = dict(split.named_parameters())["depformer.layers.1.self_attn.in_proj"]
+    assert torch.equal(ours[7], step_7)
