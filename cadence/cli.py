@@ -24,6 +24,11 @@ def _engine_options(p: argparse.ArgumentParser) -> None:
     g.add_argument("--ring-depth", type=int, default=4, help="frames per shared-memory ring")
     g.add_argument("--metrics-host", default="127.0.0.1", help="engine /metrics address")
     g.add_argument("--metrics-port", type=int, default=9101, help="engine /metrics port (0: off)")
+    g.add_argument(
+        "--test-hooks",
+        action="store_true",
+        help="accept test-only control ops (an induced tick stall); never in production",
+    )
 
 
 def _gateway_options(p: argparse.ArgumentParser) -> None:
@@ -36,6 +41,24 @@ def _gateway_options(p: argparse.ArgumentParser) -> None:
         default=[],
         metavar="ADDR",
         help="offer only this local address as a WebRTC host candidate (repeatable)",
+    )
+    g.add_argument(
+        "--ice-server",
+        action="append",
+        default=[],
+        metavar="URL",
+        help="STUN/TURN server URL the demo page's browser uses (repeatable)",
+    )
+    g.add_argument("--turn-username", help="username for the turn: ICE servers")
+    g.add_argument("--turn-credential", help="credential for the turn: ICE servers")
+    g.add_argument(
+        "--auth-token", help="require 'Authorization: Bearer TOKEN' on the /v1/calls API"
+    )
+    g.add_argument(
+        "--captions-tokenizer",
+        type=Path,
+        metavar="FILE",
+        help="sentencepiece model of the served model's text tokens: send live captions",
     )
     g.add_argument(
         "--jitter-min-ms", type=float, default=40.0, help="jitter buffer's lowest target delay"
@@ -55,6 +78,7 @@ def _engine_argv(a: argparse.Namespace) -> list[str]:
         f"--metrics-host={a.metrics_host}",
         f"--metrics-port={a.metrics_port}",
         f"--log-level={a.log_level}",
+        *(["--test-hooks"] if a.test_hooks else []),
     ]
 
 
@@ -66,7 +90,15 @@ def _gateway_argv(a: argparse.Namespace) -> list[str]:
         f"--jitter-max-ms={a.jitter_max_ms}",
         f"--log-level={a.log_level}",
     ]
-    return argv + [f"--ice-address={addr}" for addr in a.ice_address]
+    argv += [f"--ice-address={addr}" for addr in a.ice_address]
+    argv += [f"--ice-server={url}" for url in a.ice_server]
+    optional = {
+        "turn-username": a.turn_username,
+        "turn-credential": a.turn_credential,
+        "auth-token": a.auth_token,
+        "captions-tokenizer": a.captions_tokenizer,
+    }
+    return argv + [f"--{flag}={value}" for flag, value in optional.items() if value is not None]
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -133,6 +165,7 @@ def _dispatch(args: argparse.Namespace) -> int:
                 ring_depth=args.ring_depth,
                 metrics_host=args.metrics_host,
                 metrics_port=args.metrics_port,
+                test_hooks=args.test_hooks,
             )
         )
     from gateway.config import GatewayConfig
@@ -145,6 +178,11 @@ def _dispatch(args: argparse.Namespace) -> int:
             host=args.host,
             port=args.port,
             ice_addresses=tuple(args.ice_address),
+            ice_servers=tuple(args.ice_server),
+            turn_username=args.turn_username,
+            turn_credential=args.turn_credential,
+            auth_token=args.auth_token,
+            captions_tokenizer=args.captions_tokenizer,
             jitter=JitterConfig(
                 min_delay_s=args.jitter_min_ms / 1000.0, max_delay_s=args.jitter_max_ms / 1000.0
             ),

@@ -4,24 +4,32 @@
     GET    /v1/calls        live calls with their per-call records
     GET    /v1/calls/{id}   one call's record
     DELETE /v1/calls/{id}   hang up; 200 with the final record
-    GET    /healthz         200 while the engine ticks, 503 otherwise
+    GET    /v1/config       what the page needs: ICE servers, whether the API needs a token,
+                            whether captions are sent, the tick period
+    GET    /healthz         200 while the engine ticks, 503 otherwise; engine load
     GET    /metrics         Prometheus exposition
     GET    /                the demo page (web/)
 
 Errors are JSON {"error": CODE, "detail": TEXT} with a fitting status: 400 for a bad request
-or offer, 404 for an unknown call, 503 with Retry-After when the engine is full, draining or
-down.
+or offer, 401 without the configured bearer token, 404 for an unknown call, 503 with
+Retry-After when the engine is full, draining or down.
+
+With an auth token configured, only the call API (/v1/calls...) asks for it: the page, its
+config, health and metrics stay open, and the token is never served — the person calling
+types it in (or opens the page with #token=...), so loading the page grants nothing.
 """
 
+import hmac
 import json
 import logging
 import time
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from engine.ring import EngineState
+from engine.ring import EngineState, SlotState
 from gateway.calls import CallRefused, CallRegistry
 from gateway.webrtc import OfferError
 
@@ -37,6 +45,26 @@ def error(
     status: int, code: str, detail: str, headers: dict[str, str] | None = None
 ) -> web.Response:
     return web.json_response({"error": code, "detail": detail}, status=status, headers=headers)
+
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+@web.middleware
+async def require_token(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """Bearer-token check of the call API, when the gateway is configured with a token."""
+    token = request.app[CALLS].config.auth_token
+    if token is None or not request.path.startswith("/v1/calls"):
+        return await handler(request)
+    scheme, _, given = request.headers.get("Authorization", "").partition(" ")
+    if scheme.lower() != "bearer" or not hmac.compare_digest(given.encode(), token.encode()):
+        return error(
+            401,
+            "unauthorized",
+            "this gateway needs 'Authorization: Bearer <token>'",
+            {"WWW-Authenticate": 'Bearer realm="cadence"'},
+        )
+    return await handler(request)
 
 
 async def create_call(request: web.Request) -> web.Response:
@@ -82,6 +110,21 @@ async def delete_call(request: web.Request) -> web.Response:
     return web.json_response(record)
 
 
+async def get_config(request: web.Request) -> web.Response:
+    calls = request.app[CALLS]
+    config = calls.config
+    _, period_ns = calls.ring.clock()
+    return web.json_response(
+        {
+            "ice_servers": config.browser_ice_servers(),
+            "auth": "bearer" if config.auth_token is not None else "none",
+            "captions": calls.captioner is not None,
+            "tick_ms": period_ns / 1e6,
+            "slots": calls.ring.spec.slots,
+        }
+    )
+
+
 async def healthz(request: web.Request) -> web.Response:
     calls = request.app[CALLS]
     state, age = engine_health(calls)
@@ -90,6 +133,8 @@ async def healthz(request: web.Request) -> web.Response:
         "heartbeat_age_s": round(age, 3),
         "calls": len(calls.calls),
         "slots": calls.ring.spec.slots,
+        # every gateway's calls: the engine's load, not this process's share of it
+        "slots_live": int((calls.ring.control["state"] == SlotState.LIVE).sum()),
     }
     ok = state == "ready" and calls.engine.connected and age < STALE_HEARTBEAT_S
     body["status"] = "ok" if ok else "unhealthy"
@@ -118,12 +163,13 @@ async def index(request: web.Request) -> web.FileResponse:
 
 
 def build_app(calls: CallRegistry) -> web.Application:
-    app = web.Application(client_max_size=MAX_OFFER_BYTES * 2)
+    app = web.Application(client_max_size=MAX_OFFER_BYTES * 2, middlewares=[require_token])
     app[CALLS] = calls
     app.router.add_post("/v1/calls", create_call)
     app.router.add_get("/v1/calls", list_calls)
     app.router.add_get("/v1/calls/{call_id}", get_call)
     app.router.add_delete("/v1/calls/{call_id}", delete_call)
+    app.router.add_get("/v1/config", get_config)
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/metrics", metrics)
     app.router.add_get("/", index)

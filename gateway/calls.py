@@ -15,9 +15,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
-from aiortc import RTCPeerConnection
+from aiortc import RTCDataChannel, RTCPeerConnection
 
 from engine.ring import SharedRing
+from gateway.captions import Captioner, CaptionStream, send_captions
 from gateway.config import GatewayConfig
 from gateway.engine_client import EngineClient, EngineRefused, EngineUnavailable, SlotLease
 from gateway.media.clock import PumpGrid
@@ -52,6 +53,8 @@ class Call:
     end_reason: str | None = None
     pc: RTCPeerConnection | None = None
     reported: JitterCounters = field(default_factory=JitterCounters)
+    captions: CaptionStream | None = None  # when the gateway has a captioner
+    caption_channel: RTCDataChannel | None = None  # once the peer's channel opens
 
 
 class CallRegistry:
@@ -62,8 +65,10 @@ class CallRegistry:
         ring: SharedRing,
         grid: PumpGrid,
         metrics: GatewayMetrics,
+        captioner: Captioner | None = None,
     ) -> None:
         self.config = config
+        self.captioner = captioner
         self.engine = engine
         self.ring = ring
         self.grid = grid
@@ -88,6 +93,8 @@ class CallRegistry:
             spec.sample_rate, OPUS_RATE, PACKET_SAMPLES, self.config.send_queue_max_s
         )
         call = Call(call_id, "webrtc", lease, MediaSession(self.ring, lease, uplink, downlink))
+        if self.captioner is not None:
+            call.captions = CaptionStream(self.captioner)
 
         async def on_state(state: str) -> None:
             if state == "connected":
@@ -95,8 +102,13 @@ class CallRegistry:
             elif state in ("failed", "closed"):
                 await self.end(call_id, f"peer_{state}")
 
+        def on_captions(channel: RTCDataChannel) -> None:
+            call.caption_channel = channel
+
         try:
-            call.pc, answer_sdp = await answer(offer_sdp, uplink, downlink, self.grid, on_state)
+            call.pc, answer_sdp = await answer(
+                offer_sdp, uplink, downlink, self.grid, on_state, on_captions
+            )
         except BaseException:
             await self._release(lease)
             raise
@@ -155,6 +167,9 @@ class CallRegistry:
             self.metrics.send_queue.observe(call.session.downlink.queued_s)
             if completes:
                 self._report_media(call)
+                if call.captions is not None:
+                    steps = call.session.downlink.take_tokens()
+                    send_captions(call.captions, call.caption_channel, steps)
 
     def _report_media(self, call: Call) -> None:
         uplink = call.session.uplink
@@ -204,6 +219,7 @@ class CallRegistry:
                 "padded_samples": session.uplink.framer.counters.padded_samples,
                 "dropped_samples": session.uplink.framer.counters.dropped_samples,
             },
+            "captions": _captions_record(call),
             "downlink": {
                 "frames": session.downlink.frames,
                 "queued_s": round(session.downlink.queued_s, 4),
@@ -212,6 +228,17 @@ class CallRegistry:
                 "skipped_frames": session.downlink_skipped,
             },
         }
+
+
+def _captions_record(call: Call) -> dict[str, Any] | None:
+    if call.captions is None:
+        return None
+    channel = call.caption_channel
+    return {
+        "channel": None if channel is None else channel.readyState,
+        "frames": call.captions.frames,
+        "pieces": call.captions.pieces,
+    }
 
 
 def _percentile(values: np.ndarray[Any, np.dtype[np.float64]], q: float) -> float | None:

@@ -6,6 +6,8 @@ from pathlib import Path
 from gateway.media.jitter import JitterConfig
 
 WEB_ROOT = Path(__file__).resolve().parent.parent / "web"
+ICE_SCHEMES = ("stun:", "stuns:", "turn:", "turns:")
+MIN_TOKEN_CHARS = 16  # a guessable bearer token protects nothing
 
 
 @dataclass(frozen=True)
@@ -20,6 +22,11 @@ class GatewayConfig:
     pump_lead_s: float = 0.015  # the frame is in the ring this long before the tick
     send_queue_max_s: float = 0.12  # one 80 ms frame plus slack for the pump's phase
     engine_wait_s: float = 30.0  # how long to wait for the engine at start
+    ice_servers: tuple[str, ...] = ()  # STUN/TURN URLs handed to browsers by GET /v1/config
+    turn_username: str | None = None  # credentials for the turn:/turns: URLs above
+    turn_credential: str | None = None
+    auth_token: str | None = None  # when set, the call API needs "Authorization: Bearer" it
+    captions_tokenizer: Path | None = None  # sentencepiece model: text tokens -> captions
 
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535:
@@ -32,3 +39,20 @@ class GatewayConfig:
             raise ValueError("pump_lead_s must be in [0, 40 ms)")
         if self.send_queue_max_s < 0.08:
             raise ValueError("send_queue_max_s must hold at least one 80 ms frame")
+        for url in self.ice_servers:
+            if not url.startswith(ICE_SCHEMES):
+                raise ValueError(f"ICE server {url!r} is not a stun:, turn: or turns: URL")
+        if self.auth_token is not None and len(self.auth_token) < MIN_TOKEN_CHARS:
+            raise ValueError(f"the auth token must have at least {MIN_TOKEN_CHARS} characters")
+        if self.captions_tokenizer is not None and not self.captions_tokenizer.is_file():
+            raise ValueError(f"captions tokenizer {self.captions_tokenizer} is not a file")
+
+    def browser_ice_servers(self) -> list[dict[str, object]]:
+        """RTCIceServer dictionaries for the page, TURN credentials on the TURN URLs only."""
+        servers: list[dict[str, object]] = []
+        for url in self.ice_servers:
+            server: dict[str, object] = {"urls": url}
+            if url.startswith(("turn:", "turns:")) and self.turn_username is not None:
+                server.update(username=self.turn_username, credential=self.turn_credential or "")
+            servers.append(server)
+        return servers

@@ -11,6 +11,7 @@ from aiohttp import web
 from engine.ring import EngineState, SharedRing
 from gateway.app import build_app, engine_health
 from gateway.calls import CallRegistry
+from gateway.captions import load_captioner
 from gateway.config import GatewayConfig
 from gateway.engine_client import EngineClient, EngineUnavailable
 from gateway.ice import restrict_host_candidates
@@ -83,7 +84,9 @@ async def _serve(config: GatewayConfig) -> int:
     ring, grid = await attach_engine(config, client, config.engine_wait_s)
     metrics = GatewayMetrics()
     metrics.engine_up.set(1)
-    calls = CallRegistry(config, client, ring, grid, metrics)
+    calls = CallRegistry(
+        config, client, ring, grid, metrics, load_captioner(config.captions_tokenizer)
+    )
     runner = web.AppRunner(build_app(calls), access_log=None)
     await runner.setup()
     site = web.TCPSite(runner, config.host, config.port)

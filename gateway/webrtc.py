@@ -8,7 +8,13 @@ call's own time-based jitter buffer (gateway/media/jitter.py).
 Send: a track whose `recv` returns one 20 ms Opus packet of the engine's audio, encoded here,
 at absolute instants on the engine's grid, so aiortc only packetizes and sends it; nothing
 queues ahead of time.
+
+Captions: the page opens a data channel labelled "captions" before its offer, so the offer
+carries the SCTP section (an answerer can only use what the offer negotiated); the gateway
+takes that channel when it opens and sends caption text on it.
 """
+
+from __future__ import annotations
 
 import asyncio
 import fractions
@@ -19,6 +25,7 @@ from collections.abc import Awaitable, Callable
 from aiortc import (
     MediaStreamTrack,
     RTCConfiguration,
+    RTCDataChannel,
     RTCPeerConnection,
     RTCRtpSender,
     RTCSessionDescription,
@@ -37,6 +44,7 @@ log = logging.getLogger(__name__)
 OPUS_RATE = 48000
 PACKET_SAMPLES = 960  # 20 ms at 48 kHz
 SEND_OFFSET_S = 0.002  # after the pump that reads the engine's output
+CAPTIONS_LABEL = "captions"
 
 
 class OfferError(ValueError):
@@ -108,8 +116,12 @@ async def answer(
     downlink: Downlink,
     grid: PumpGrid,
     on_state: Callable[[str], Awaitable[None]],
+    on_captions: Callable[[RTCDataChannel], None] | None = None,
 ) -> tuple[RTCPeerConnection, str]:
-    """Accept a browser's offer; returns the peer and the SDP answer."""
+    """Accept a browser's offer; returns the peer and the SDP answer.
+
+    `on_captions` receives the peer's "captions" data channel once it opens.
+    """
     if "m=audio" not in offer_sdp:
         raise OfferError("the offer has no audio section")
     pc = RTCPeerConnection(RTCConfiguration(iceServers=[]))
@@ -133,6 +145,11 @@ async def answer(
         @pc.on("connectionstatechange")
         async def changed() -> None:
             await on_state(pc.connectionState)
+
+        @pc.on("datachannel")
+        def opened(channel: RTCDataChannel) -> None:
+            if channel.label == CAPTIONS_LABEL and on_captions is not None:
+                on_captions(channel)
 
         local = await pc.createAnswer()
         await pc.setLocalDescription(local)

@@ -8,6 +8,7 @@ first packet are not queued: the engine serves a slot from the moment it is admi
 the peer may take a few hundred milliseconds more to connect.
 """
 
+from collections import deque
 from collections.abc import Iterable
 
 import numpy as np
@@ -16,6 +17,8 @@ from numpy.typing import NDArray
 from engine.ring import DownlinkFrame
 from gateway.media.pcm import to_float32, to_int16
 from gateway.media.resample import Resampler
+
+TOKEN_BACKLOG_FRAMES = 64  # about 5 s of steps at 80 ms
 
 
 class Downlink:
@@ -31,7 +34,8 @@ class Downlink:
         self.frames = 0
         self.silent_packets = 0  # packets sent with nothing queued
         self.dropped_samples = 0
-        self.tokens: list[NDArray[np.int32]] = []
+        # the steps' tokens until `take_tokens`; bounded, so a call nobody captions cannot grow
+        self.tokens: deque[NDArray[np.int32]] = deque(maxlen=TOKEN_BACKLOG_FRAMES)
         self.sending = False  # set by the first next_packet
 
     @property
@@ -49,6 +53,12 @@ class Downlink:
                 x = self._resampler.process(x)
             self._append(x)
             self.frames += 1
+
+    def take_tokens(self) -> list[NDArray[np.int32]]:
+        """The tokens of the frames accepted since the last call, oldest first."""
+        taken = list(self.tokens)
+        self.tokens.clear()
+        return taken
 
     def _append(self, x: NDArray[np.float32]) -> None:
         overflow = self._fill + x.size - self._max
