@@ -18,6 +18,7 @@ class EngineConfig:
     ring_depth: int = 4  # frames per ring and direction
     metrics_host: str = "127.0.0.1"
     metrics_port: int = 9101  # 0: no metrics endpoint
+    test_hooks: bool = False  # accept test-only control ops (an induced stall)
 
     def __post_init__(self) -> None:
         if self.model not in MODELS:

@@ -7,10 +7,15 @@ Requests and replies, one JSON object per line:
                                                | {"ok": false, "reason": "full" | "draining"}
     {"op": "close", "slot": S, "generation": G}  -> {"ok": true, "closed": bool}
     {"op": "status"}                        -> {"ok": true, "state": ..., "calls": [...], ...}
+    {"op": "stall", "seconds": S}           -> {"ok": true} | {"ok": false, "reason":
+                                               "test_hooks_disabled"}  (0 < S <= 10)
     anything else                           -> {"ok": false, "reason": "bad_request", ...}
 
 It runs on its own thread, never on the tick thread. When a connection closes, every slot it
 opened is freed: a gateway that dies cannot leak slots.
+
+`stall` makes the next tick late on purpose, so an integration test can cause a real deadline
+miss; it is refused unless the engine was started with --test-hooks.
 """
 
 import json
@@ -29,6 +34,8 @@ log = logging.getLogger(__name__)
 MAX_LINE_BYTES = 64 * 1024
 
 StatusFn = Callable[[], dict[str, Any]]
+StallFn = Callable[[float], None]
+MAX_STALL_S = 10.0
 
 
 class AdmissionObserver(Protocol):
@@ -49,12 +56,14 @@ class ControlServer:
         hello: dict[str, Any],
         status: StatusFn,
         observer: AdmissionObserver,
+        stall: StallFn | None = None,
     ) -> None:
         self._path = path
         self._table = table
         self._hello = hello
         self._status = status
         self._observer = observer
+        self._stall = stall  # None unless test hooks are on
         self._selector = selectors.DefaultSelector()
         self._buffers: dict[int, bytearray] = {}
         self._stop = threading.Event()
@@ -150,9 +159,20 @@ class ControlServer:
                 if closed:
                     self._observer.closed(slot)
                 return {"ok": True, "closed": closed}
+            if op == "stall":
+                return self._stall_next_tick(float(request["seconds"]))
             raise ValueError(f"unknown op {op!r}")
         except (ValueError, KeyError, TypeError) as exc:
             return {"ok": False, "reason": "bad_request", "detail": str(exc)}
+
+    def _stall_next_tick(self, seconds: float) -> dict[str, Any]:
+        if self._stall is None:
+            return {"ok": False, "reason": "test_hooks_disabled"}
+        if not 0.0 < seconds <= MAX_STALL_S:
+            raise ValueError(f"stall seconds must be in (0, {MAX_STALL_S:g}]")
+        log.warning("test hook: stalling the next tick by %.3f s", seconds)
+        self._stall(seconds)
+        return {"ok": True}
 
     def _open(self, call_id: str, owner: int) -> dict[str, Any]:
         try:

@@ -56,6 +56,7 @@ class Engine:
         self.ticks_run = 0
         self.ticks_missed = 0
         self.stall_next_tick_s = 0.0  # test hook: sleep this long inside the next tick
+        self._call_ids = [""] * slots  # per slot, for exemplars; written by the control thread
         self._uplink_i16 = np.zeros((slots, samples), np.int16)
         self._pcm_in = np.zeros((slots, samples), np.float32)
         self._downlink_i16 = np.zeros((slots, samples), np.int16)
@@ -72,6 +73,7 @@ class Engine:
         ctrl = self.ring.control[admission.slot]
         ctrl["generation"] = admission.generation
         ctrl["state"] = SlotState.LIVE
+        self._call_ids[admission.slot] = call_id
         self.metrics.admissions.labels("accepted").inc()
         self.metrics.slots_live.set(self.table.live_count)
         log.info("call %s opened slot %d gen %d", call_id, admission.slot, admission.generation)
@@ -84,6 +86,7 @@ class Engine:
         ctrl = self.ring.control[slot]
         ctrl["state"] = SlotState.FREE
         ctrl["generation"] = 0  # a stale writer sees this and stops
+        self._call_ids[slot] = ""
         self.metrics.slots_live.set(self.table.live_count)
 
     # -- the tick (main thread) --------------------------------------------------------------
@@ -131,7 +134,7 @@ class Engine:
         m.phase_duration.labels("step").observe(t_stepped - t_gathered)
         m.phase_duration.labels("scatter").observe(t_scattered - t_stepped)
         duration_s = (published_ns - release_ns) / 1e9
-        m.tick_duration.observe(duration_s)
+        m.tick_duration.observe(duration_s, self._exemplar(rows) if missed else None)
         return TickReport(tick, int(rows.size), duration_s, missed)
 
     def _reset_rows(self, reset: np.ndarray[Any, np.dtype[np.bool_]]) -> None:
@@ -163,7 +166,8 @@ class Engine:
         m = self.metrics
         m.ticks.inc()
         m.call_ticks.inc(int(rows.size))
-        m.underruns.inc(int(underrun.sum()))
+        if underrun.any():
+            m.underruns.inc(int(underrun.sum()), self._exemplar(np.flatnonzero(underrun)))
         m.overruns.inc(int(skipped.sum()))
         self.ticks_run += 1
         if missed:
@@ -175,7 +179,16 @@ class Engine:
         self.ticks_missed += ticks
         self.ring.control["misses"][rows] += ticks
         self.metrics.deadline_misses.inc(ticks)
-        self.metrics.call_deadline_misses.inc(ticks * int(rows.size))
+        self.metrics.call_deadline_misses.inc(ticks * int(rows.size), self._exemplar(rows))
+
+    def _exemplar(self, rows: np.ndarray[Any, np.dtype[np.intp]]) -> dict[str, str] | None:
+        """The first affected call's id: enough to go from a spike to one call's record."""
+        call_id = self._call_ids[int(rows[0])] if rows.size else ""
+        return {"call_id": call_id} if call_id else None
+
+    def stall(self, seconds: float) -> None:
+        """Test hook (only with --test-hooks): make the next tick late by `seconds`."""
+        self.stall_next_tick_s = seconds
 
     # -- the loop ----------------------------------------------------------------------------
 

@@ -56,7 +56,8 @@ def run_engine(config: EngineConfig) -> int:
             "frame_samples": model.frame.samples,
             "pid": os.getpid(),
         }
-        control = ControlServer(config.control_path, table, hello, engine.status, engine)
+        stall = engine.stall if config.test_hooks else None
+        control = ControlServer(config.control_path, table, hello, engine.status, engine, stall)
         control.start()
         engine.run(stop)
         ring.set_engine_state(EngineState.DRAINING)

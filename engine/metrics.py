@@ -1,20 +1,58 @@
 """Every Prometheus metric of the engine process, in one registry.
 
-Names follow cadence_engine_<what>_<unit>; labels are bounded (phase, reason, outcome).
+Names follow cadence_engine_<what>_<unit> in base units; labels are bounded (phase, outcome)
+and never carry a call id: a call id travels only as an exemplar, next to the sample a call
+caused (a missed tick, an underrun), so an operator can go from a spike to the call's record.
+The engine serves this registry on its own port, so exemplars survive (prometheus-client's
+multiprocess mode would drop them).
 """
 
+import sys
+from collections.abc import Iterable
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
 
 # Buckets in seconds around the 80 ms tick, with one at exactly 0.08 (the deadline).
 TICK_BUCKETS = (0.001, 0.002, 0.005, 0.01, 0.02, 0.03, 0.04, 0.05, 0.06, 0.07, 0.08, 0.1, 0.16)
 PHASE_BUCKETS = (0.0001, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.04, 0.08, 0.16)
 
 
+class GpuMemoryCollector(Collector):
+    """torch.cuda's memory counters, read at scrape time.
+
+    Only when the model has already imported torch and CUDA is up: the echo model must run
+    without torch, so this never imports it, and on a CPU-only engine the metrics are absent
+    rather than a misleading zero.
+    """
+
+    def collect(self) -> Iterable[GaugeMetricFamily]:
+        torch = sys.modules.get("torch")
+        if torch is None or not torch.cuda.is_available():
+            return []
+        allocated = GaugeMetricFamily(
+            "cadence_engine_gpu_memory_allocated_bytes",
+            "GPU memory held by live tensors (torch.cuda.memory_allocated).",
+            value=float(torch.cuda.memory_allocated()),
+        )
+        reserved = GaugeMetricFamily(
+            "cadence_engine_gpu_memory_reserved_bytes",
+            "GPU memory reserved by torch's caching allocator (torch.cuda.memory_reserved).",
+            value=float(torch.cuda.memory_reserved()),
+        )
+        return [allocated, reserved]
+
+
 class EngineMetrics:
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
         r = self.registry
-        self.info = Info("cadence_engine", "Model and executor this engine serves.", registry=r)
+        self.info = Info(
+            "cadence_engine",
+            "Model and executor this engine serves (labels model, executor).",
+            registry=r,
+        )
         self.ticks = Counter(
             "cadence_engine_ticks_total", "Ticks run (batched steps over all slots).", registry=r
         )
@@ -51,7 +89,7 @@ class EngineMetrics:
         )
         self.phase_duration = Histogram(
             "cadence_engine_phase_duration_seconds",
-            "Time spent in each phase of the tick.",
+            "Time spent in each phase of the tick (gather, step, scatter).",
             ["phase"],
             buckets=PHASE_BUCKETS,
             registry=r,
@@ -71,3 +109,4 @@ class EngineMetrics:
             "Monotonic time of the last completed tick.",
             registry=r,
         )
+        r.register(GpuMemoryCollector())
