@@ -27,7 +27,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from aiohttp import web
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from prometheus_client.exposition import choose_encoder
 
 from engine.ring import EngineState, SlotState
 from gateway.calls import CallRefused, CallRegistry
@@ -154,8 +154,10 @@ def engine_health(calls: CallRegistry) -> tuple[str, float]:
 
 
 async def metrics(request: web.Request) -> web.Response:
-    body = generate_latest(request.app[CALLS].metrics.registry)
-    return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
+    # OpenMetrics when the scraper asks for it (Prometheus does): only it carries exemplars
+    encode, content_type = choose_encoder(request.headers.get("Accept", ""))
+    body = encode(request.app[CALLS].metrics.registry)
+    return web.Response(body=body, headers={"Content-Type": content_type})
 
 
 async def index(request: web.Request) -> web.FileResponse:

@@ -20,6 +20,7 @@ from aiortc import RTCDataChannel, RTCPeerConnection
 from engine.ring import SharedRing
 from gateway.captions import Captioner, CaptionStream, send_captions
 from gateway.config import GatewayConfig
+from gateway.deadline import PathTiming, deadline_record
 from gateway.engine_client import EngineClient, EngineRefused, EngineUnavailable, SlotLease
 from gateway.media.clock import PumpGrid
 from gateway.media.downlink import Downlink
@@ -114,7 +115,9 @@ class CallRegistry:
             raise
         self.calls[call_id] = call
         self.metrics.calls_active.labels("webrtc").inc()
-        self.metrics.setup_duration.labels("webrtc").observe(time.monotonic() - t0)
+        self.metrics.setup_duration.labels("webrtc").observe(
+            time.monotonic() - t0, {"call_id": call_id}
+        )
         log.info("call %s answered on slot %d gen %d", call_id, lease.slot, lease.generation)
         return call, answer_sdp
 
@@ -122,12 +125,12 @@ class CallRegistry:
         try:
             return await self.engine.open(call_id)
         except EngineRefused as refused:
-            self.metrics.admission_refusals.labels(refused.reason).inc()
+            self.metrics.admission_refusals.labels(refused.reason).inc(1, {"call_id": call_id})
             raise CallRefused(
                 refused.reason, f"engine refused the call: {refused.reason}"
             ) from None
         except EngineUnavailable as exc:
-            self.metrics.admission_refusals.labels("unavailable").inc()
+            self.metrics.admission_refusals.labels("unavailable").inc(1, {"call_id": call_id})
             raise CallRefused("unavailable", str(exc)) from None
 
     async def _release(self, lease: SlotLease) -> None:
@@ -151,7 +154,7 @@ class CallRegistry:
             await call.pc.close()
         outcome = "completed" if reason in ("hangup", "peer_closed") else "failed"
         self.metrics.calls_active.labels(call.transport).dec()
-        self.metrics.calls.labels(call.transport, outcome).inc()
+        self.metrics.calls.labels(call.transport, outcome).inc(1, {"call_id": call.id})
         log.info("call summary %s", json.dumps(record, sort_keys=True))
         return record
 
@@ -173,17 +176,19 @@ class CallRegistry:
 
     def _report_media(self, call: Call) -> None:
         uplink = call.session.uplink
+        exemplar = {"call_id": call.id}
+        jitter_delay = self.metrics.jitter_delay.labels(call.transport)
         for delay in uplink.take_delays():
-            self.metrics.jitter_delay.labels(call.transport).observe(delay)
+            jitter_delay.observe(delay, exemplar)
         now, before = uplink.jitter.counters, call.reported
-        for kind in ("played", "lost", "late", "duplicate", "dropped"):
-            delta = getattr(now, kind) - getattr(before, kind)
+        for outcome in ("played", "lost", "late", "duplicate", "dropped"):
+            delta = getattr(now, outcome) - getattr(before, outcome)
             if delta:
-                self.metrics.packets.labels(call.transport, kind).inc(delta)
+                self.metrics.packets.labels(call.transport, outcome).inc(delta, exemplar)
         concealed = now.lost + now.empty + now.stretched
         previous = before.lost + before.empty + before.stretched
         if concealed > previous:
-            self.metrics.concealed.labels(call.transport).inc(concealed - previous)
+            self.metrics.concealed.labels(call.transport).inc(concealed - previous, exemplar)
         call.reported = JitterCounters(**vars(now))
 
     # -- records -----------------------------------------------------------------------------
@@ -207,6 +212,14 @@ class CallRegistry:
             "started_at": round(call.started_wall_s, 3),
             "duration_s": round(time.monotonic() - call.started_s, 3),
             "engine": engine,
+            "deadline": deadline_record(
+                engine,
+                delays,
+                jitter.target_delay_s,
+                session.uplink.concealed,
+                session.downlink.queued_s,
+                PathTiming(self.grid.period_s, self.grid.lead_s),
+            ),
             "jitter_buffer": {
                 **vars(jitter.counters),
                 "target_delay_s": round(jitter.target_delay_s, 4),

@@ -1,7 +1,9 @@
 """Every Prometheus metric of the gateway process, in one registry.
 
-Names follow cadence_gateway_<what>_<unit>; labels are bounded (transport, outcome, reason,
-kind) and never carry a call id.
+Names follow cadence_gateway_<what>_<unit> in base units; labels are bounded (transport,
+outcome, reason) and never carry a call id: a call id travels only as an exemplar on the sample
+a call caused (its setup time, a packet's delay, a loss), so an operator can go from a spike to
+the call's record at /v1/calls/{id}. Served as OpenMetrics when asked, which keeps exemplars.
 """
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
@@ -20,7 +22,8 @@ class GatewayMetrics:
         )
         self.calls = Counter(
             "cadence_gateway_calls_total",
-            "Calls ended, by transport and outcome (completed, refused, failed).",
+            "Calls ended, by transport and outcome (completed, failed); refusals are counted "
+            "in cadence_gateway_admission_refusals_total.",
             ["transport", "outcome"],
             registry=r,
         )
@@ -46,8 +49,8 @@ class GatewayMetrics:
         )
         self.packets = Counter(
             "cadence_gateway_packets_total",
-            "Received audio packets by fate (played, lost, late, duplicate, dropped).",
-            ["transport", "kind"],
+            "Received audio packets by outcome (played, lost, late, duplicate, dropped).",
+            ["transport", "outcome"],
             registry=r,
         )
         self.concealed = Counter(
@@ -58,7 +61,7 @@ class GatewayMetrics:
         )
         self.send_queue = Histogram(
             "cadence_gateway_send_queue_seconds",
-            "Audio queued for sending, sampled at every pump.",
+            "Audio queued for sending (send-queue depth), sampled at every pump.",
             buckets=(0.0, 0.02, 0.04, 0.06, 0.08, 0.1, 0.12, 0.16, 0.2),
             registry=r,
         )
