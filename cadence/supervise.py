@@ -2,9 +2,11 @@
 
 The engine starts first and must answer `status` as ready before the gateway starts. On
 Ctrl-C or SIGTERM the gateway stops first (it ends its calls and releases their slots), then
-the engine (it unlinks its shared memory). If either child dies, the other is stopped too and
-serve exits non-zero. Children are told by the kernel to stop if serve itself is killed, so
-no process is left behind.
+the engine (it unlinks its shared memory). A child that dies is restarted: meanwhile the
+gateway keeps serving, reports the engine down (/healthz 503, new calls 503
+engine_unavailable) and re-attaches to the new engine by itself. A child that dies more than
+MAX_RESTARTS times within RESTART_WINDOW_S stops serve with a non-zero status. Children are
+told by the kernel to stop if serve itself is killed, so no process is left behind.
 """
 
 import ctypes
@@ -18,6 +20,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from multiprocessing import shared_memory
 from pathlib import Path
 from types import FrameType
 
@@ -25,6 +28,8 @@ log = logging.getLogger(__name__)
 
 PR_SET_PDEATHSIG = 1
 STOP_TIMEOUT_S = 10.0
+MAX_RESTARTS = 5
+RESTART_WINDOW_S = 60.0
 
 
 def _die_with_parent() -> None:
@@ -56,13 +61,14 @@ class Supervisor:
     def __init__(self, engine_args: list[str], gateway_args: list[str], ready_timeout_s: float):
         self.runtime = Path(tempfile.mkdtemp(prefix="cadence-"))
         self.control = self.runtime / "engine.sock"
-        self.ring_name = f"cadence-{os.getpid()}"
+        self._engine_starts = 0
         self._engine_args = engine_args
         self._gateway_args = gateway_args
         self._ready_timeout_s = ready_timeout_s
         self._stop = False
         self.engine: subprocess.Popen[bytes] | None = None
         self.gateway: subprocess.Popen[bytes] | None = None
+        self._restarts: list[float] = []
 
     def _spawn(self, role: str, args: list[str]) -> "subprocess.Popen[bytes]":
         cmd = [sys.executable, "-m", "cadence", role, *args]
@@ -80,24 +86,48 @@ class Supervisor:
         finally:
             self._shutdown()
 
+    @property
+    def ring_name(self) -> str:
+        """Each engine start gets its own segment: a killed engine cannot unlink its own."""
+        return f"cadence-{os.getpid()}-{self._engine_starts}"
+
+    def _start_engine(self) -> "subprocess.Popen[bytes]":
+        self._engine_starts += 1
+        args = ["--control", str(self.control), "--ring", self.ring_name, *self._engine_args]
+        return self._spawn("engine", args)
+
+    def _start_gateway(self) -> "subprocess.Popen[bytes]":
+        return self._spawn("gateway", ["--engine-control", str(self.control), *self._gateway_args])
+
     def _run(self) -> int:
-        self.engine = self._spawn(
-            "engine", ["--control", str(self.control), "--ring", self.ring_name, *self._engine_args]
-        )
+        self.engine = self._start_engine()
         if not self._wait_ready(self.engine):
             return 1
-        self.gateway = self._spawn(
-            "gateway", ["--engine-control", str(self.control), *self._gateway_args]
-        )
+        self.gateway = self._start_gateway()
         while not self._stop:
-            for role, child in (("engine", self.engine), ("gateway", self.gateway)):
-                code = child.poll()
-                if code is not None:
-                    log.error("%s exited with status %d: stopping", role, code)
+            if self.engine.poll() is not None:
+                log.error("engine exited with status %d", self.engine.returncode)
+                _unlink_segment(self.ring_name)
+                if not self._may_restart():
                     return 1
+                self.engine = self._start_engine()
+            if self.gateway.poll() is not None:
+                log.error("gateway exited with status %d", self.gateway.returncode)
+                if not self._may_restart():
+                    return 1
+                self.gateway = self._start_gateway()
             time.sleep(0.1)
         log.info("stopping")
         return 0
+
+    def _may_restart(self) -> bool:
+        now = time.monotonic()
+        self._restarts = [t for t in self._restarts if now - t < RESTART_WINDOW_S] + [now]
+        if len(self._restarts) > MAX_RESTARTS:
+            log.error("%d restarts within %.0f s: giving up", MAX_RESTARTS, RESTART_WINDOW_S)
+            return False
+        log.info("restarting it")
+        return True
 
     def _wait_ready(self, engine: "subprocess.Popen[bytes]") -> bool:
         deadline = time.monotonic() + self._ready_timeout_s
@@ -125,3 +155,13 @@ class Supervisor:
                 child.kill()
                 child.wait()
         shutil.rmtree(self.runtime, ignore_errors=True)
+
+
+def _unlink_segment(name: str) -> None:
+    """Remove the shared memory of an engine that died without unlinking it."""
+    try:
+        segment = shared_memory.SharedMemory(name=name)
+    except FileNotFoundError:
+        return
+    segment.close()
+    segment.unlink()

@@ -5,6 +5,8 @@ gateway uses), with each packet's arrival time, so the test can measure delay wi
 client's buffering in the way.
 """
 
+from __future__ import annotations
+
 import asyncio
 import time
 from dataclasses import dataclass, field

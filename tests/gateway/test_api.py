@@ -1,0 +1,116 @@
+"""The gateway's HTTP API against a real `cadence serve`: errors are clear, never a crash."""
+
+import asyncio
+import os
+import signal
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from gateway.ice import restrict_host_candidates
+from tests.support.caller import band_limited_noise, place_call
+from tests.support.server import Served, children_of, http_json, start_serve, stop_serve
+
+
+@pytest.fixture(scope="module")
+def one_slot(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
+    restrict_host_candidates(["127.0.0.1"])
+    served = start_serve(tmp_path_factory.mktemp("api") / "serve.log", "--slots=1")
+    yield served
+    stop_serve(served)
+
+
+def _post(served: Served, body: object) -> tuple[int, object]:
+    return http_json("POST", served.url + "/v1/calls", body)
+
+
+@pytest.mark.parametrize(
+    ("body", "code"),
+    [
+        ({"type": "offer"}, "bad_request"),
+        ({"sdp": 5}, "bad_request"),
+        ({"sdp": "v=0", "type": "answer"}, "bad_request"),
+        ({"sdp": "hello"}, "bad_offer"),
+        (
+            {"sdp": "v=0\r\no=- 1 1 IN IP4 0.0.0.0\r\ns=-\r\nt=0 0\r\nm=video 9 RTP 96\r\n"},
+            "bad_offer",
+        ),
+    ],
+)
+def test_bad_offers_get_400_with_a_reason(one_slot: Served, body: object, code: str) -> None:
+    status, reply = _post(one_slot, body)
+    assert status == 400
+    assert isinstance(reply, dict)
+    assert reply["error"] == code
+    assert reply["detail"]
+
+
+def test_unknown_calls_are_404(one_slot: Served) -> None:
+    assert one_slot.get("/v1/calls/nope")[0] == 404
+    assert http_json("DELETE", one_slot.url + "/v1/calls/nope")[0] == 404
+
+
+def test_a_full_engine_answers_503_with_retry_after(one_slot: Served) -> None:
+    import urllib.error
+    import urllib.request
+
+    async def scenario() -> tuple[int, str | None]:
+        talk = asyncio.create_task(place_call(one_slot.url, band_limited_noise(3.0), 2.0))
+        await asyncio.sleep(1.0)  # the first call holds the only slot
+        req = urllib.request.Request(
+            one_slot.url + "/v1/calls",
+            data=b'{"sdp": "v=0\\r\\nm=audio 9 UDP/TLS/RTP/SAVPF 111\\r\\n"}',
+            method="POST",
+        )
+        try:
+            urllib.request.urlopen(req, timeout=5)
+            result = (201, None)
+        except urllib.error.HTTPError as e:
+            result = (e.code, e.headers.get("Retry-After"))
+        await talk
+        return result
+
+    status, retry_after = asyncio.run(scenario())
+    assert status == 503
+    assert retry_after is not None
+    assert int(retry_after) > 0
+    metrics = one_slot.engine_metrics()
+    assert metrics['cadence_engine_admissions_total{outcome="full"}'] >= 1
+
+
+def test_healthz_reports_the_engine(one_slot: Served) -> None:
+    status, body = one_slot.get("/healthz")
+    assert status == 200
+    assert isinstance(body, dict)
+    assert body["engine"] == "ready"
+    assert body["slots"] == 1
+
+
+def test_a_dead_engine_is_reported_then_restarted(tmp_path: Path) -> None:
+    served = start_serve(tmp_path / "serve.log")
+    try:
+        (engine,) = [
+            pid
+            for pid in children_of(served.process.pid)
+            if b"engine" in Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+        ]
+        os.kill(engine, signal.SIGKILL)
+        deadline = time.monotonic() + 10
+        while served.get("/healthz")[0] != 503:
+            assert time.monotonic() < deadline, "healthz never noticed the engine was gone"
+            time.sleep(0.05)
+        deadline = time.monotonic() + 30
+        while served.get("/healthz")[0] != 200:
+            assert time.monotonic() < deadline, "the engine was not restarted and re-attached"
+            time.sleep(0.1)
+        result = asyncio.run(place_call(served.url, band_limited_noise(2.0), 1.5))
+        assert result.record["engine"], "the new engine serves calls"
+        assert not any(
+            name.endswith("-1")
+            for name in os.listdir("/dev/shm")
+            if name.startswith(f"cadence-{served.process.pid}-")
+        ), "the killed engine's shared memory was removed"
+    finally:
+        assert stop_serve(served) == 0
