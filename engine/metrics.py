@@ -17,6 +17,9 @@ from prometheus_client.registry import Collector
 # Buckets in seconds around the 80 ms tick, with one at exactly 0.08 (the deadline).
 TICK_BUCKETS = (0.001, 0.002, 0.005, 0.01, 0.02, 0.03, 0.04, 0.05, 0.06, 0.07, 0.08, 0.1, 0.16)
 PHASE_BUCKETS = (0.0001, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.04, 0.08, 0.16)
+# Every label value known up front, so each series exists (at zero) from the first scrape.
+PHASES = ("gather", "step", "scatter")
+ADMISSION_OUTCOMES = ("accepted", "full", "draining")
 
 
 class GpuMemoryCollector(Collector):
@@ -110,3 +113,7 @@ class EngineMetrics:
             registry=r,
         )
         r.register(GpuMemoryCollector())
+        for phase in PHASES:
+            self.phase_duration.labels(phase)
+        for outcome in ADMISSION_OUTCOMES:
+            self.admissions.labels(outcome)

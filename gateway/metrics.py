@@ -12,6 +12,13 @@ JITTER_BUCKETS = (0.01, 0.02, 0.03, 0.04, 0.05, 0.06, 0.08, 0.1, 0.15, 0.2, 0.3,
 SETUP_BUCKETS = (0.01, 0.025, 0.05, 0.08, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
 LAG_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.04, 0.08, 0.16)
 
+# Every label value known up front, so each series exists (at zero) from the first scrape:
+# a rate over a series that appears only with its first event reads "no data", not 0.
+TRANSPORTS = ("webrtc", "sip")
+CALL_OUTCOMES = ("completed", "failed")
+REFUSAL_REASONS = ("full", "draining", "unavailable")
+PACKET_OUTCOMES = ("played", "lost", "late", "duplicate", "dropped")
+
 
 class GatewayMetrics:
     def __init__(self) -> None:
@@ -74,3 +81,17 @@ class GatewayMetrics:
         self.engine_up = Gauge(
             "cadence_gateway_engine_up", "1 while the engine's control socket is up.", registry=r
         )
+        self._create_series()
+
+    def _create_series(self) -> None:
+        for reason in REFUSAL_REASONS:
+            self.admission_refusals.labels(reason)
+        for transport in TRANSPORTS:
+            self.calls_active.labels(transport)
+            self.setup_duration.labels(transport)
+            self.jitter_delay.labels(transport)
+            self.concealed.labels(transport)
+            for outcome in CALL_OUTCOMES:
+                self.calls.labels(transport, outcome)
+            for outcome in PACKET_OUTCOMES:
+                self.packets.labels(transport, outcome)
