@@ -6,7 +6,7 @@ import signal
 import threading
 from types import FrameType
 
-from prometheus_client import start_http_server
+from prometheus_client import disable_created_metrics, start_http_server
 
 from engine.config import EngineConfig
 from engine.control import ControlServer
@@ -21,6 +21,7 @@ log = logging.getLogger(__name__)
 
 
 def run_engine(config: EngineConfig) -> int:
+    disable_created_metrics()  # type: ignore[no-untyped-call]  # _created series: clutter
     model = build_model(config.model, config.slots)
     executor = build_executor(config.executor, model)
     spec = RingSpec(

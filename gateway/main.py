@@ -7,6 +7,7 @@ import signal
 import time
 
 from aiohttp import web
+from prometheus_client import disable_created_metrics
 
 from engine.ring import EngineState, SharedRing
 from gateway.app import build_app, engine_health
@@ -26,6 +27,7 @@ STALE_HEARTBEAT_S = 1.0
 
 
 def run_gateway(config: GatewayConfig) -> int:
+    disable_created_metrics()  # type: ignore[no-untyped-call]  # _created series: clutter
     return asyncio.run(_serve(config))
 
 
