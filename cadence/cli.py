@@ -36,6 +36,9 @@ def _gateway_options(p: argparse.ArgumentParser) -> None:
     g.add_argument("--host", default="127.0.0.1", help="HTTP listen address")
     g.add_argument("--port", type=int, default=8080, help="HTTP port (API, page, /metrics)")
     g.add_argument(
+        "--web-root", type=Path, help="directory of the demo page (default: the source tree's web/)"
+    )
+    g.add_argument(
         "--ice-address",
         action="append",
         default=[],
@@ -97,6 +100,7 @@ def _gateway_argv(a: argparse.Namespace) -> list[str]:
         "turn-credential": a.turn_credential,
         "auth-token": a.auth_token,
         "captions-tokenizer": a.captions_tokenizer,
+        "web-root": a.web_root,
     }
     return argv + [f"--{flag}={value}" for flag, value in optional.items() if value is not None]
 
@@ -183,6 +187,7 @@ def _dispatch(args: argparse.Namespace) -> int:
             turn_credential=args.turn_credential,
             auth_token=args.auth_token,
             captions_tokenizer=args.captions_tokenizer,
+            **({"web_root": args.web_root} if args.web_root else {}),
             jitter=JitterConfig(
                 min_delay_s=args.jitter_min_ms / 1000.0, max_delay_s=args.jitter_max_ms / 1000.0
             ),

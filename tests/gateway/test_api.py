@@ -66,7 +66,7 @@ def test_a_full_engine_answers_503_with_retry_after(one_slot: Served) -> None:
         )
         try:
             urllib.request.urlopen(req, timeout=5)
-            result = (201, None)
+            result: tuple[int, str | None] = (201, None)
         except urllib.error.HTTPError as e:
             result = (e.code, e.headers.get("Retry-After"))
         await talk

@@ -133,7 +133,7 @@ async def place_call(base_url: str, signal: NDArray[np.int16], talk_s: float) ->
 
 
 def measure_delay(
-    result: CallResult, signal: NDArray[np.int16], window_s: float = 1.0
+    result: CallResult, signal: NDArray[np.int16], window_s: float = 0.5
 ) -> tuple[float, float]:
     """(median peak correlation, median first-sample-in to same-sample-out seconds).
 
