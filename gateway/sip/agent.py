@@ -353,7 +353,9 @@ class Agent(Upkeep):
             if stream.direction != call.direction:
                 call.direction = stream.direction
                 out.append(HoldChanged(call.call_id, stream.direction, reoffer))
-        if call.local_sdp is not None and request.method == "INVITE":
+        # A re-INVITE always carries our SDP (an answer, or our offer if it had none); an
+        # UPDATE only when it carried an offer.
+        if call.local_sdp is not None and (request.method == "INVITE" or request.body):
             body = call.local_sdp.encode()
         headers = self._answer_headers(call, request)
         if not body:

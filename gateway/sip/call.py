@@ -46,6 +46,7 @@ class Call:
     last_refresh: float = 0.0
     ring_deadline: float | None = None
     credentials: Credentials | None = None
+    outbound_proxy: bool = False  # every request of the call goes to `peer`, whatever Contact says
     auth_nonces: set[str] = field(default_factory=set)
     reinvite: ClientInvite | None = None
     reinvite_direction: str | None = None

@@ -8,6 +8,7 @@ adds the UAS half and the entry points a driver calls.
 
 from __future__ import annotations
 
+import contextlib
 import random
 from dataclasses import dataclass, field, replace
 
@@ -160,6 +161,7 @@ class Caller:
         peer = proxy or self._resolve(target)
         call = Call(call_id, True, dialog, peer, transport, invite, local_sdp=sdp)
         call.credentials = credentials
+        call.outbound_proxy = proxy is not None
         self.calls[call_id] = call
         return call_id, self._start_invite(call, invite, now)
 
@@ -222,6 +224,10 @@ class Caller:
             return [Outgoing(call.ack, call.peer, call.transport)]  # our ACK was lost
         call.dialog.learn_from_response(response)
         call.dialog.advance(DialogInput.ANSWER)
+        if not call.outbound_proxy:
+            # Without an outbound proxy, in-dialog requests follow the route set or Contact.
+            with contextlib.suppress(SipParseError):
+                call.peer = self._resolve(call.dialog.next_hop())
         ack = call.dialog.request("ACK", self._via(call.transport), cseq=call.invite.cseq.seq)
         call.ack = ack.encode()
         call.confirmed = call.answered = True

@@ -26,6 +26,7 @@ from gateway.sip.headers import (
     is_token,
     parse_cseq,
     parse_name_addr,
+    parse_params,
     parse_uri,
     parse_via,
     split_outside_quotes,
@@ -240,6 +241,16 @@ def _validate(message: Message) -> int | None:
         not max_forwards.isdigit() or len(max_forwards) > 9 or int(max_forwards) > 255
     ):
         raise SipParseError(f"bad Max-Forwards {max_forwards!r}")
+    for name in {n.lower() for n, _ in message.headers} & LIST_HEADERS:
+        message.header_values(name)  # a list header must split cleanly at its commas
+    # Session-Expires drives a timer that ends calls; reject a malformed one here (RFC 4028 says
+    # 400) so that the session timer code never meets one.
+    expires = message.header("Session-Expires")
+    if expires is not None:
+        number, *params = expires.split(";")
+        if not number.strip().isdigit() or len(number.strip()) > 9:
+            raise SipParseError(f"bad Session-Expires {expires!r}")
+        parse_params(params)
     lengths = {v for n, v in message.headers if n == "Content-Length"}
     if not lengths:
         return None

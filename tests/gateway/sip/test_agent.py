@@ -170,13 +170,11 @@ def _our_answer(call: IncomingCall) -> SessionDescription:
     return answer(call.remote_sdp, Origin("cadence", 1, 1, "10.0.0.2"), "10.0.0.2", 30000)[0]
 
 
-def test_freeswitch_call_with_hold_reinvite_and_out_of_order_cseq() -> None:
-    agent = cadence()
+def confirmed_freeswitch_call(agent: Agent) -> tuple[IncomingCall, Response, bytes]:
+    """FreeSWITCH calls in, we answer, it ACKs: (the call, our 200, its ACK)."""
     out = agent.receive(sample("freeswitch_invite.sip"), PBX, "udp", 0.0)
     [call] = [o for o in out if isinstance(o, IncomingCall)]
     [ok] = responses(agent.answer(call.call_id, _our_answer(call), 0.1))
-    assert ok.header("Session-Expires") == "1800;refresher=uac"  # FreeSWITCH refreshes
-    tag = ok.to_addr.tag or ""
     ack = (
         "ACK sip:cadence@10.0.0.2:5060 SIP/2.0\r\n"
         "Via: SIP/2.0/UDP 10.0.0.4:5080;branch=z9hG4bKa1\r\n"
@@ -184,6 +182,14 @@ def test_freeswitch_call_with_hold_reinvite_and_out_of_order_cseq() -> None:
         "CSeq: 112736211 ACK\r\nContent-Length: 0\r\n\r\n"
     ).encode()
     assert agent.receive(ack, PBX, "udp", 0.2) == [CallConfirmed(call.call_id)]
+    return call, ok, ack
+
+
+def test_freeswitch_call_with_hold_reinvite_and_out_of_order_cseq() -> None:
+    agent = cadence()
+    call, ok, ack = confirmed_freeswitch_call(agent)
+    assert ok.header("Session-Expires") == "1800;refresher=uac"  # FreeSWITCH refreshes
+    tag = ok.to_addr.tag or ""
     hold = sample("freeswitch_reinvite_hold.sip").replace(b"tag=TAG", f"tag={tag}".encode())
     out = agent.receive(hold, PBX, "udp", 1.0)
     [held] = [o for o in out if isinstance(o, HoldChanged)]
@@ -199,6 +205,21 @@ def test_freeswitch_call_with_hold_reinvite_and_out_of_order_cseq() -> None:
     out = agent.receive(bye, PBX, "udp", 3.0)
     assert statuses(out)[0] == 200  # then timer G resends the unacknowledged 500
     assert CallEnded(call.call_id, "remote_hangup") in out
+
+
+def test_update_with_an_offer_is_answered_in_its_200() -> None:
+    agent = cadence()
+    _, ok, _ = confirmed_freeswitch_call(agent)
+    hold = sample("freeswitch_reinvite_hold.sip").replace(
+        b"tag=TAG", f"tag={ok.to_addr.tag}".encode()
+    )
+    update = hold.replace(b"INVITE sip:", b"UPDATE sip:").replace(b"212 INVITE", b"212 UPDATE")
+    out = agent.receive(update, PBX, "udp", 1.0)
+    [reply] = responses(out)
+    assert reply.status == 200
+    assert b"a=recvonly" in reply.body
+    assert [o.direction for o in out if isinstance(o, HoldChanged)] == ["recvonly"]
+    assert agent.handle_timer(5.0) == []  # a 2xx to UPDATE is not retransmitted
 
 
 class Registrar:

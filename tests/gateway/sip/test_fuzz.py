@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 from gateway.rtp.packet import RtpParseError, parse_rtcp, parse_rtp
 from gateway.rtp.telephone_event import EventReceiver, TelephoneEventError
 from gateway.sip.agent import Agent, CallStateError
-from gateway.sip.events import AgentConfig, IncomingCall, Output
+from gateway.sip.events import AgentConfig, CallEnded, IncomingCall, Output
 from gateway.sip.headers import SipParseError
 from gateway.sip.message import StreamFramer, parse_message
 from gateway.sip.sdp import Origin, SessionDescription, answer, parse_sdp
@@ -28,6 +28,12 @@ CORPUS = [
     for p in sorted(HERE.glob("samples/*.sip")) + sorted(HERE.glob("torture/*/*.sip"))
 ]
 FAST = settings(max_examples=250, deadline=None, derandomize=True)
+HEADERS = [
+    "Via", "From", "To", "Call-ID", "CSeq", "Contact", "Route", "Record-Route", "Require",
+    "Supported", "Allow", "Session-Expires", "Min-SE", "Content-Type", "Max-Forwards", "Expires",
+    "Content-Length", "Retry-After", "WWW-Authenticate", "l", "m", "v", "x",
+]  # fmt: skip
+VALUE_PARTS = st.sampled_from([*'<>";,=@:;/ \t01789abz-.', "sip:", "tag=", "z9hG4bK"])
 PEERS = [("10.0.0.3", 5060), ("10.0.0.4", 5080)]
 
 
@@ -36,7 +42,7 @@ def mutated(draw: st.DrawFn) -> bytes:
     """A corpus message with a few byte-level edits: flips, cuts, splices, duplications."""
     data = bytearray(draw(st.sampled_from(CORPUS)))
     for _ in range(draw(st.integers(0, 4))):
-        kind = draw(st.sampled_from(["flip", "cut", "insert", "dup", "drop_line"]))
+        kind = draw(st.sampled_from(["flip", "cut", "insert", "dup", "drop_line", "header"]))
         at = draw(st.integers(0, max(len(data) - 1, 0)))
         if kind == "flip" and data:
             data[at] = draw(st.integers(0, 255))
@@ -44,6 +50,13 @@ def mutated(draw: st.DrawFn) -> bytes:
             del data[at:]
         elif kind == "insert":
             data[at:at] = draw(st.binary(max_size=8))
+        elif kind == "header":
+            # A known header with a hostile value, spliced in at the start of a line.
+            name = draw(st.sampled_from(HEADERS))
+            value = "".join(draw(st.lists(VALUE_PARTS, max_size=20)))
+            line_start = data.find(b"\r\n", at)
+            at = line_start + 2 if line_start >= 0 else len(data)
+            data[at:at] = f"{name}: {value}\r\n".encode()
         elif kind == "dup":
             data[at:at] = data[at : at + draw(st.integers(1, 40))]
         else:
@@ -116,15 +129,16 @@ def test_rtp_and_rtcp_parsers_raise_only_their_error(data: bytes) -> None:
             continue
 
 
-def drain(agent: Agent, now: float) -> float:
+def drain(agent: Agent, now: float) -> list[Output]:
     """Run the agent's timers until none is left, as a driver would over a long idle time."""
+    outputs: list[Output] = []
     for _ in range(500):
         deadline = agent.next_timer()
         if deadline is None:
             break
         now = max(now, deadline)
-        agent.handle_timer(now)
-    return now
+        outputs += agent.handle_timer(now)
+    return outputs
 
 
 @settings(
@@ -173,7 +187,7 @@ ACTIONS = [
 ]  # fmt: skip
 
 
-COMMANDS: dict[str, Callable[[Agent, str, SessionDescription, float], object]] = {
+COMMANDS: dict[str, Callable[[Agent, str, SessionDescription, float], list[Output]]] = {
     "ring": lambda agent, call_id, sdp, now: agent.ring(call_id, now),
     "answer": lambda agent, call_id, sdp, now: agent.answer(call_id, sdp, now),
     "reject": lambda agent, call_id, sdp, now: agent.reject(call_id, 486, now),
@@ -222,6 +236,7 @@ def test_agent_survives_any_dialog_sequence(
     local, _ = answer(call.remote_sdp, Origin("c", 1, 1, "10.0.0.2"), "10.0.0.2", 30000)
     hold = parse_sdp(INVITE.split(b"\r\n\r\n", 1)[1]).encode().replace(b"a=ptime", b"a=sendonly")
     now, seq = 0.0, 112736211
+    outputs: list[Output] = []
     for action, tag_kind, seq_step, branch, pause in steps:
         now += pause if action == "wait" else 0.01
         live = agent.calls.get(call.call_id)
@@ -229,7 +244,7 @@ def test_agent_survives_any_dialog_sequence(
         seq += seq_step
         if action in COMMANDS:
             with contextlib.suppress(CallStateError):
-                COMMANDS[action](agent, call.call_id, local, now)
+                outputs += COMMANDS[action](agent, call.call_id, local, now)
             continue
         method, body, branch_used = {
             "ack": ("ACK", b"", branch + "ack"),
@@ -243,8 +258,12 @@ def test_agent_survives_any_dialog_sequence(
         }[action]
         request_seq = 112736211 if action in ("cancel", "again") else seq
         data = in_dialog(method, request_seq, branch_used, tag[tag_kind], body)
-        agent.receive(data, PBX, "udp", now)
-        agent.handle_timer(now)
-    drain(agent, now)
+        outputs += agent.receive(data, PBX, "udp", now)
+        outputs += agent.handle_timer(now)
+    outputs += drain(agent, now)
     assert agent.live_dialogs() == 0
     assert agent.live_transactions() == 0
+    # Every call the application heard of ended exactly once (a UAC may reuse a Call-ID for a
+    # new INVITE after a failure, as it does after a 401, so count, not dedupe).
+    started = 1 + len([e for e in outputs if isinstance(e, IncomingCall)])
+    assert len([e for e in outputs if isinstance(e, CallEnded)]) == started
