@@ -1,4 +1,4 @@
-"""The `cadence` command: serve (engine + gateway), engine, gateway.
+"""The `cadence` command: serve (engine + gateway), engine, gateway, infer.
 
 The only place that reads command-line arguments; it builds each process's typed config and
 hands it over.
@@ -10,7 +10,8 @@ import sys
 from pathlib import Path
 
 from engine.executors import EXECUTORS
-from engine.models import MODELS
+from engine.infer import add_infer_arguments, run_infer
+from engine.models import MODELS, ModelOptions
 
 log = logging.getLogger("cadence")
 
@@ -29,6 +30,22 @@ def _engine_options(p: argparse.ArgumentParser) -> None:
         action="store_true",
         help="accept test-only control ops (an induced tick stall); never in production",
     )
+    m = p.add_argument_group("model weights (moshi)")
+    m.add_argument("--checkpoint", type=Path, help="checkpoint directory (Kyutai/NVIDIA layout)")
+    m.add_argument(
+        "--random-weights",
+        type=int,
+        nargs="?",
+        const=0,
+        metavar="SEED",
+        help="seeded random weights instead of a checkpoint (audio and captions are noise)",
+    )
+    m.add_argument(
+        "--config", default="7b", help="tiny | 7b | moshiko | personaplex | a .json/.toml file"
+    )
+    m.add_argument("--device", default="cpu", help="cpu | cuda | cuda:N")
+    m.add_argument("--dtype", choices=["float32", "bfloat16"], help="default: bf16 on CUDA")
+    m.add_argument("--greedy", action="store_true", help="greedy decoding instead of sampling")
 
 
 def _gateway_options(p: argparse.ArgumentParser) -> None:
@@ -82,6 +99,12 @@ def _engine_argv(a: argparse.Namespace) -> list[str]:
         f"--metrics-port={a.metrics_port}",
         f"--log-level={a.log_level}",
         *(["--test-hooks"] if a.test_hooks else []),
+        f"--config={a.config}",
+        f"--device={a.device}",
+        *([f"--checkpoint={a.checkpoint}"] if a.checkpoint else []),
+        *([f"--random-weights={a.random_weights}"] if a.random_weights is not None else []),
+        *([f"--dtype={a.dtype}"] if a.dtype else []),
+        *(["--greedy"] if a.greedy else []),
     ]
 
 
@@ -129,7 +152,12 @@ def build_parser() -> argparse.ArgumentParser:
         "--engine-control", type=Path, required=True, help="the engine's admission socket"
     )
 
-    for p in (serve, engine, gateway):
+    infer = sub.add_parser(
+        "infer", help="run a WAV file through a model offline, with the live engine's step"
+    )
+    add_infer_arguments(infer)
+
+    for p in (serve, engine, gateway, infer):
         p.add_argument("--log-level", default="info", choices=["debug", "info", "warning"])
     return parser
 
@@ -149,6 +177,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _dispatch(args: argparse.Namespace) -> int:
+    if args.command == "infer":
+        return run_infer(args)
     if args.command == "serve":
         from cadence.supervise import Supervisor
 
@@ -170,6 +200,14 @@ def _dispatch(args: argparse.Namespace) -> int:
                 metrics_host=args.metrics_host,
                 metrics_port=args.metrics_port,
                 test_hooks=args.test_hooks,
+                model_options=ModelOptions(
+                    checkpoint=args.checkpoint,
+                    config=args.config,
+                    random_weights=args.random_weights,
+                    device=args.device,
+                    dtype=args.dtype,
+                    greedy=args.greedy,
+                ),
             )
         )
     from gateway.config import GatewayConfig

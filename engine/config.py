@@ -1,10 +1,10 @@
 """The engine process's one typed configuration, validated when built."""
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from engine.executors import EXECUTORS
-from engine.models import MODELS
+from engine.models import MODELS, ModelOptions
 
 
 @dataclass(frozen=True)
@@ -19,10 +19,12 @@ class EngineConfig:
     metrics_host: str = "127.0.0.1"
     metrics_port: int = 9101  # 0: no metrics endpoint
     test_hooks: bool = False  # accept test-only control ops (an induced stall)
+    model_options: ModelOptions = field(default_factory=ModelOptions)
 
     def __post_init__(self) -> None:
         if self.model not in MODELS:
             raise ValueError(f"unknown model {self.model!r}; choose one of {', '.join(MODELS)}")
+        self.model_options.check(self.model)
         if self.executor not in EXECUTORS:
             raise ValueError(
                 f"unknown executor {self.executor!r}; choose one of {', '.join(EXECUTORS)}"

@@ -22,7 +22,7 @@ log = logging.getLogger(__name__)
 
 def run_engine(config: EngineConfig) -> int:
     disable_created_metrics()  # type: ignore[no-untyped-call]  # _created series: clutter
-    model = build_model(config.model, config.slots)
+    model = build_model(config.model, config.slots, config.model_options)
     executor = build_executor(config.executor, model)
     spec = RingSpec(
         slots=config.slots,

@@ -1,13 +1,60 @@
-"""Models the engine can serve, by name."""
+"""Models the engine can serve, by name, and the options that pick their weights and device."""
+
+from dataclasses import dataclass
+from pathlib import Path
 
 from engine.models.base import Model
 
-MODELS = ("echo",)
+MODELS = ("echo", "moshi")
 
 
-def build_model(name: str, slots: int) -> Model:
+@dataclass(frozen=True)
+class ModelOptions:
+    """How to build a neural model; the echo model ignores all of it."""
+
+    checkpoint: Path | None = None  # directory in Kyutai's/NVIDIA's layout
+    config: str = "7b"  # tiny | 7b | moshiko | personaplex | a .json/.toml file
+    random_weights: int | None = None  # seed for random weights instead of a checkpoint
+    device: str = "cpu"
+    dtype: str | None = None  # float32 | bfloat16; default bfloat16 on CUDA, float32 on CPU
+    greedy: bool = False
+    cpu_threads: int = 1  # torch intra-op threads on CPU; more only pays for large models
+
+    def check(self, model: str) -> None:
+        if model == "moshi" and (self.checkpoint is None) == (self.random_weights is None):
+            raise ValueError(
+                "--model moshi needs exactly one of --checkpoint DIR and --random-weights"
+            )
+        if self.dtype not in (None, "float32", "bfloat16"):
+            raise ValueError(f"unknown dtype {self.dtype!r}; choose float32 or bfloat16")
+
+
+def build_model(name: str, slots: int, options: ModelOptions | None = None) -> Model:
+    options = options or ModelOptions()
+    options.check(name)
     if name == "echo":
         from engine.models.echo import EchoModel
 
         return EchoModel(slots)
+    if name == "moshi":
+        # torch loads only here: an engine serving echo never imports it
+        import torch
+
+        from engine.models.moshi.config import load_config
+        from engine.models.moshi.model import build_moshi
+
+        device = torch.device(options.device)
+        if device.type == "cpu":
+            # small steps on shared cores: a thread pool's barriers cost more than they save
+            torch.set_num_threads(options.cpu_threads)
+        dtype = options.dtype or ("bfloat16" if device.type == "cuda" else "float32")
+        return build_moshi(
+            load_config(options.config),
+            slots,
+            device,
+            getattr(torch, dtype),
+            checkpoint_dir=options.checkpoint,
+            random_weights_seed=options.random_weights,
+            greedy=options.greedy,
+        )
     raise ValueError(f"unknown model {name!r}; choose one of {', '.join(MODELS)}")
