@@ -2,7 +2,8 @@
 
     POST   /v1/calls        {"sdp": OFFER, "type": "offer"} -> 201 {"id", "sdp", "type"}
     GET    /v1/calls        live calls with their per-call records
-    GET    /v1/calls/{id}   one call's record
+    GET    /v1/calls/{id}   one call's record; 410 with the final record (and why it ended)
+                            for a recently ended call
     DELETE /v1/calls/{id}   hang up; 200 with the final record
     GET    /v1/config       what the page needs: ICE servers, whether the API needs a token,
                             whether captions are sent, the tick period
@@ -96,8 +97,14 @@ async def list_calls(request: web.Request) -> web.Response:
 
 async def get_call(request: web.Request) -> web.Response:
     calls = request.app[CALLS]
-    call = calls.calls.get(request.match_info["call_id"])
+    call_id = request.match_info["call_id"]
+    call = calls.calls.get(call_id)
     if call is None:
+        final = calls.ended.get(call_id)
+        if final is not None:
+            reason = final["end_reason"]
+            body = {"error": "call_ended", "detail": f"the call ended: {reason}", "call": final}
+            return web.json_response(body, status=410)
         return error(404, "not_found", "no such live call")
     return web.json_response(calls.record(call))
 

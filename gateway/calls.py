@@ -11,6 +11,7 @@ import json
 import logging
 import time
 import uuid
+from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -32,6 +33,8 @@ from gateway.metrics import GatewayMetrics
 from gateway.webrtc import OPUS_RATE, PACKET_SAMPLES, answer
 
 log = logging.getLogger(__name__)
+
+ENDED_KEPT = 256  # final records kept, so a page polling its call learns why it ended
 
 
 class CallRefused(Exception):
@@ -75,6 +78,7 @@ class CallRegistry:
         self.grid = grid
         self.metrics = metrics
         self.calls: dict[str, Call] = {}
+        self.ended: OrderedDict[str, dict[str, Any]] = OrderedDict()
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -148,6 +152,9 @@ class CallRegistry:
         call.end_reason = reason
         call.session.closed = True
         record.update(state="ended", end_reason=reason)
+        self.ended[call_id] = record
+        while len(self.ended) > ENDED_KEPT:
+            self.ended.popitem(last=False)
         self._report_media(call)
         await self._release(call.lease)
         if call.pc is not None:

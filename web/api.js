@@ -3,10 +3,11 @@
 // so the page maps kinds to messages in one place.
 
 export class ApiError extends Error {
-  constructor(kind, detail, retryAfterS = null) {
+  constructor(kind, detail, retryAfterS = null, body = null) {
     super(detail);
     this.kind = kind;
     this.retryAfterS = retryAfterS;
+    this.body = body;
   }
 }
 
@@ -52,6 +53,7 @@ export class Api {
     const code = data && data.error;
     const retry = Number(res.headers.get("Retry-After")) || null;
     if (res.status === 404) throw new ApiError("not-found", (data && data.detail) || "not found");
+    if (res.status === 410) throw new ApiError("ended", data.detail, null, data.call);
     throw new ApiError(REFUSALS[code] || "failed", (data && data.detail) || res.statusText, retry);
   }
 

@@ -40,6 +40,14 @@ const NOTICES = {
   "failed": { tone: "bad", action: "Try again", text: "The call could not be set up." },
 };
 
+// Why the server ended a call (its record's end_reason) -> the notice to show.
+const END_REASONS = {
+  engine_down: ["engine-down", "The call ended; the server restarts the engine by itself."],
+  gateway_stopping: ["engine-draining", "The call ended."],
+  peer_failed: ["network-lost", ""],
+  hangup: ["call-ended", ""],
+};
+
 function notify(kind, extra = "") {
   const box = $("notice");
   page.notice = kind;
@@ -130,12 +138,18 @@ async function pollRecord(s) {
     panel.record(await api.callRecord(s.id));
   } catch (err) {
     if (s !== session || !(err instanceof ApiError)) return;
-    // the call is gone on the server: ask the server why
+    if (err.kind === "ended") {
+      panel.record(err.body);
+      const [kind, extra] = END_REASONS[err.body.end_reason] || ["call-ended", ""];
+      endCall(kind, true, extra);
+      return;
+    }
+    // no record at all: ask the server whether it is still there
     const health = await api.health();
     panel.health(health);
     if (health.status === "ok") endCall("call-ended", true);
-    else if (health.status === "unreachable") endCall("engine-down", true, "The server stopped answering; the call ended.");
-    else endCall("engine-down", true, `Engine ${health.engine}; the call ended.`);
+    else if (health.status === "unreachable") endCall("unreachable", true, "The call ended.");
+    else endCall("engine-down", true, `Engine ${health.engine}: the call ended.`);
   }
 }
 

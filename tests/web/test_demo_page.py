@@ -1,0 +1,228 @@
+"""The demo page in real headless Chromium against a real `cadence serve`.
+
+The microphone is Chromium's fake capture device playing a WAV of tone bursts; the page
+measures its own input and the returned track through WebAudio and keeps the levels on
+`window.cadence`, which is what these tests read. Assertions are on counters and page
+state, with bounded waits, never on wall-clock timings.
+"""
+
+import json
+import os
+import signal
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from playwright.sync_api import Browser, BrowserContext, Page
+from playwright.sync_api import TimeoutError as PlaywrightTimeout
+
+from tests.support.server import Served, children_of, http_json, start_serve, stop_serve
+from tests.web.chromium import chromium, tone_bursts
+
+REPO = Path(__file__).resolve().parents[2]
+ARTIFACTS = REPO / "artifacts"
+TOKEN = "demo-token-0123456789abcdef"
+LIVE_WAIT_MS = 20_000
+MIN_TICKS_MET = 60  # about 5 s of deadlines
+
+
+@pytest.fixture(scope="module")
+def browser(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Browser]:
+    wav = tone_bursts(tmp_path_factory.mktemp("mic") / "bursts.wav")
+    with chromium(wav) as b:
+        yield b
+
+
+@pytest.fixture
+def served(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Served]:
+    args: tuple[str, ...] = getattr(request, "param", ())  # extra `cadence serve` flags
+    served = start_serve(tmp_path / "serve.log", *args)
+    yield served
+    if served.process.poll() is None:
+        stop_serve(served)
+
+
+class Pages:
+    """Opens the demo page in fresh browser contexts, closed together when the test ends."""
+
+    def __init__(self, browser: Browser) -> None:
+        self._browser = browser
+        self._contexts: list[BrowserContext] = []
+
+    def open(self, url: str, width: int = 1280, height: int = 900) -> Page:
+        context = self._browser.new_context(viewport={"width": width, "height": height})
+        self._contexts.append(context)
+        page = context.new_page()
+        errors: list[str] = []
+        page.on("pageerror", lambda exc: errors.append(str(exc)))
+        page.goto(url)
+        page.wait_for_function("window.cadence && !document.getElementById('call').disabled")
+        assert errors == [], errors
+        return page
+
+    def close(self) -> None:
+        for context in self._contexts:
+            context.close()
+
+
+@pytest.fixture
+def pages(browser: Browser) -> Iterator[Pages]:
+    opened = Pages(browser)
+    yield opened
+    opened.close()
+
+
+def call_live(page: Page) -> None:
+    page.click("#call")
+    page.wait_for_function("window.cadence.state === 'live'", timeout=LIVE_WAIT_MS)
+
+
+def wait_notice(page: Page, kind: str, timeout_ms: int = LIVE_WAIT_MS) -> str:
+    try:
+        page.wait_for_selector(f'#notice[data-kind="{kind}"]', state="visible", timeout=timeout_ms)
+    except PlaywrightTimeout:
+        shown = page.evaluate("[window.cadence.state, window.cadence.notice]")
+        raise AssertionError(f"no {kind} notice; the page is {shown}") from None
+    return page.inner_text("#notice-text")
+
+
+def live_calls(served: Served, token: str | None = None) -> list[dict[str, Any]]:
+    request = urllib.request.Request(served.url + "/v1/calls")
+    if token is not None:
+        request.add_header("Authorization", f"Bearer {token}")
+    with urllib.request.urlopen(request, timeout=10) as reply:
+        return list(json.loads(reply.read())["calls"])
+
+
+def wait_calls_empty(served: Served, token: str | None = None, timeout_s: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while calls := live_calls(served, token):
+        assert time.monotonic() < deadline, f"calls still live: {calls}"
+        time.sleep(0.2)
+
+
+def best_lag_correlation(trace: list[list[float]], max_lag: int = 50) -> tuple[float, int]:
+    """Correlation of output level with input level at the best lag (in 20 ms samples)."""
+    levels = np.asarray(trace)[:, 1:]
+    x, y = levels[:, 0], levels[:, 1]
+    scores = [float(np.corrcoef(x[: x.size - lag], y[lag:])[0, 1]) for lag in range(max_lag)]
+    lag = int(np.nanargmax(scores))
+    return scores[lag], lag
+
+
+def engine_pid(served: Served) -> int:
+    for pid in children_of(served.process.pid):
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+        if "cadence engine" in cmdline:
+            return pid
+    raise AssertionError("serve has no engine child")
+
+
+def test_a_call_echoes_meets_deadlines_and_hangs_up(pages: Pages, served: Served) -> None:
+    page = pages.open(served.url)
+    assert page.get_attribute("#captions", "data-state") == "unavailable"
+    assert "when a language model is served" in page.inner_text("#captions")
+    call_live(page)
+    page.wait_for_function(f"window.cadence.panel.values.met >= {MIN_TICKS_MET}", timeout=30_000)
+    page.wait_for_function("window.cadence.panel.values.rtt !== undefined", timeout=10_000)
+
+    trace = page.evaluate("window.cadence.meters.trace.slice(-300)")
+    corr, lag = best_lag_correlation(trace)
+    out_peak = max(sample[2] for sample in trace)
+    assert out_peak > 0.05, f"nothing came back (peak output RMS {out_peak:.3f})"
+    assert corr > 0.7, f"returned energy does not follow the input (r={corr:.2f} at lag {lag})"
+    assert lag > 0, "the echo cannot arrive before the sound it echoes"
+
+    values = page.evaluate("window.cadence.panel.values")
+    assert values["connection"] == "connected"
+    assert int(page.inner_text('[data-stat="met"]').replace(",", "")) >= MIN_TICKS_MET
+    assert page.inner_text('[data-stat="missed"]').isdigit()
+    assert values["load"] == 1  # this call, in the engine's slots
+    ARTIFACTS.mkdir(exist_ok=True)
+    page.screenshot(path=str(ARTIFACTS / "demo-call.png"))
+
+    page.set_viewport_size({"width": 390, "height": 844})  # a phone
+    fits = "document.scrollingElement.scrollWidth <= window.innerWidth"
+    assert page.evaluate(fits), "the page scrolls sideways on a phone"
+    assert page.is_visible("#hangup")
+    page.screenshot(path=str(ARTIFACTS / "demo-call-phone.png"), full_page=True)
+
+    page.click("#hangup")
+    wait_calls_empty(served)
+    assert served.get("/v1/calls") == (200, {"calls": []})
+    assert page.evaluate("window.cadence.state") == "idle"
+    assert page.is_visible("#call")
+
+
+@pytest.mark.parametrize("served", [("--slots=1",)], indirect=True)
+def test_a_full_server_is_explained_and_the_call_goes_through_later(
+    pages: Pages, served: Served
+) -> None:
+    holder = pages.open(served.url)
+    call_live(holder)
+    page = pages.open(served.url)
+    page.click("#call")
+    assert "Server full" in wait_notice(page, "server-full")
+    assert page.evaluate("window.cadence.state") == "idle"
+    assert len(live_calls(served)) == 1
+
+    holder.click("#hangup")
+    wait_calls_empty(served)
+    page.click("#notice-action")  # "Try again"
+    page.wait_for_function("window.cadence.state === 'live'", timeout=LIVE_WAIT_MS)
+    assert page.is_hidden("#notice")
+    page.click("#hangup")
+    wait_calls_empty(served)
+
+
+def test_a_dead_engine_ends_the_call_with_a_clear_message(pages: Pages, served: Served) -> None:
+    page = pages.open(served.url)
+    call_live(page)
+    os.kill(engine_pid(served), signal.SIGKILL)
+    text = wait_notice(page, "engine-down")
+    assert "engine is down" in text
+    assert page.evaluate("window.cadence.state") == "ended"
+    assert page.is_visible("#call")
+    assert served.get("/v1/calls") == (200, {"calls": []})
+
+
+AUTH_SERVE_ARGS = (
+    f"--auth-token={TOKEN}",
+    "--ice-server=stun:stun.invalid:3478",
+    "--ice-server=turn:turn.invalid:3478?transport=udp",
+    "--turn-username=demo",
+    "--turn-credential=secret",
+)
+
+
+@pytest.mark.parametrize("served", [AUTH_SERVE_ARGS], indirect=True)
+def test_a_token_protected_server_asks_for_the_token(pages: Pages, served: Served) -> None:
+    status, config = served.get("/v1/config")
+    assert status == 200
+    assert config["auth"] == "bearer"
+    assert TOKEN not in str(config), "the token must never be served"
+    assert config["ice_servers"] == [
+        {"urls": "stun:stun.invalid:3478"},
+        {
+            "urls": "turn:turn.invalid:3478?transport=udp",
+            "username": "demo",
+            "credential": "secret",
+        },
+    ]
+    assert served.get("/v1/calls")[0] == 401
+    assert http_json("POST", served.url + "/v1/calls", {"sdp": "v=0"})[0] == 401
+
+    page = pages.open(served.url)
+    assert page.is_visible("#auth")
+    page.click("#call")
+    wait_notice(page, "unauthorized")
+    page.fill("#token", TOKEN)
+    page.click("#auth button")
+    call_live(page)
+    assert len(live_calls(served, TOKEN)) == 1
+    page.click("#hangup")
+    wait_calls_empty(served, TOKEN)
