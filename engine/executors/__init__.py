@@ -15,7 +15,7 @@ class Executor(Protocol):
     def run(self, pcm_in: PcmBatch, reset: Mask, active: Mask) -> StepOutput: ...
 
 
-EXECUTORS = ("eager",)
+EXECUTORS = ("eager", "graph")
 
 
 def build_executor(name: str, model: Model) -> Executor:
@@ -23,4 +23,10 @@ def build_executor(name: str, model: Model) -> Executor:
 
     if name == "eager":
         return EagerExecutor(model)
+    if name == "graph":
+        from engine.executors.graph import DeviceStepModel, GraphExecutor
+
+        if not isinstance(model, DeviceStepModel):
+            raise ValueError(f"the {model.name} model has no device step to capture; use eager")
+        return GraphExecutor(model)
     raise ValueError(f"unknown executor {name!r}; choose one of {', '.join(EXECUTORS)}")

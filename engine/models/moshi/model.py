@@ -144,19 +144,46 @@ class MoshiModel:
         self.mimi.reset_encoder(everyone)
         return torch.stack(codes)
 
+    @property
+    def generator(self) -> torch.Generator | None:
+        """The device generator sampling draws from (an executor capturing a graph registers it)."""
+        return self.lm.generator
+
     @torch.no_grad()
     def step(self, pcm_in: PcmBatch, reset: Mask, active: Mask) -> StepOutput:
         check_step_inputs(self, pcm_in, reset, active)
-        pcm = torch.from_numpy(pcm_in).to(self.device)
-        reset_rows = torch.from_numpy(reset).to(self.device)
-        active_rows = torch.from_numpy(active).to(self.device)
-        self.mimi.reset_encoder(reset_rows)
-        self.lm.reset(reset_rows)
-        replayed = torch.zeros_like(reset_rows)
-        if self._prompt is not None:
-            # a host-side mask: which rows replay is known without touching the device
+        self.prepare(reset)
+        out_pcm, tokens = self.device_step(
+            torch.from_numpy(pcm_in).to(self.device),
+            torch.from_numpy(reset).to(self.device),
+            torch.from_numpy(active).to(self.device),
+        )
+        return StepOutput(pcm=out_pcm.cpu().numpy(), tokens=tokens.cpu().numpy())
+
+    @torch.no_grad()
+    def prepare(self, reset: Mask) -> None:
+        """The host-decided part of a step, run before `device_step` (and outside any graph):
+        clear and replay the prompt into the rows that start a call this tick."""
+        if self._prompt is not None and reset.any():
+            self.lm.reset(torch.from_numpy(reset).to(self.device))
             for slot in np.flatnonzero(reset):
                 self.lm.replay(int(slot), self._prompt)
+
+    @torch.no_grad()
+    def device_step(
+        self, pcm: Tensor, reset_rows: Tensor, active_rows: Tensor
+    ) -> tuple[Tensor, Tensor]:
+        """The step on device tensors only, with fixed shapes and no host sync, so an
+        executor can capture it as one CUDA graph:
+
+            pcm float32 [slots, 1920], reset_rows / active_rows bool [slots]
+            -> pcm float32 [slots, 1920], tokens int32 [slots, 9]
+        """
+        self.mimi.reset_encoder(reset_rows)
+        if self._prompt is None:
+            replayed = torch.zeros_like(reset_rows)
+            self.lm.reset(reset_rows)
+        else:  # `prepare` reset these rows and replayed the prompt into them
             replayed = reset_rows
         user_codes = self.mimi.encode(pcm)
         no_reset = torch.zeros_like(reset_rows)
@@ -169,10 +196,7 @@ class MoshiModel:
         live = emitted & active_rows
         out_pcm = torch.where(live[:, None], out_pcm, torch.zeros_like(out_pcm))
         tokens = torch.where(live[:, None], frame, torch.full_like(frame, -1))
-        return StepOutput(
-            pcm=out_pcm.to(torch.float32).cpu().numpy(),
-            tokens=tokens.to(torch.int32).cpu().numpy(),
-        )
+        return out_pcm.to(torch.float32), tokens.to(torch.int32)
 
 
 def randomize(module: nn.Module, seed: int) -> None:
