@@ -155,7 +155,6 @@ class Agent(Upkeep):
         out: list[Output] = []
         invite = call.client_invite
         if call.uac and invite is not None and invite.state is State.PROCEEDING:
-            call.cancelled = True
             out += self._cancel(call, now)
         return [*out, *self._report(call, "local_hangup")]
 

@@ -162,6 +162,7 @@ class Caller:
         call = Call(call_id, True, dialog, peer, transport, invite, local_sdp=sdp)
         call.credentials = credentials
         call.outbound_proxy = proxy is not None
+        call.ring_deadline = now + self.config.ring_timeout_s
         self.calls[call_id] = call
         return call_id, self._start_invite(call, invite, now)
 
@@ -189,6 +190,9 @@ class Caller:
         headers += [(n, v) for n, v in invite.headers if n in ("From", "To", "Call-ID", "Route")]
         headers += [("Max-Forwards", "70"), ("CSeq", f"{invite.cseq.seq} CANCEL")]
         cancel = Request(tuple(headers), b"", "CANCEL", invite.uri)
+        call.cancelled = True
+        if call.client_invite is not None:
+            call.client_invite.cancelled(now)
         return self._send(cancel, call.peer, call.transport, now)
 
     def _on_invite_response(self, call: Call, response: Response, now: float) -> list[Output]:
@@ -198,12 +202,12 @@ class Caller:
             if response.to_addr.tag:
                 call.dialog.learn_from_response(response)
             if call.hangup_requested and not call.cancelled:
-                call.cancelled = True
                 return self._cancel(call, now)
             if status in (180, 183) and not call.ringing:
                 call.ringing = True
                 out.append(CallRinging(call.call_id, status))
             return out
+        call.ring_deadline = None
         if status < 300:
             return self._on_invite_success(call, response, now)
         if status in (401, 407) and call.credentials is not None:

@@ -113,7 +113,7 @@ class AgentConfig:
     timers: Timers = field(default_factory=Timers)
     session_expires: int = 1800
     min_se: int = 90
-    ring_timeout_s: float = 120.0  # an inbound call not answered by then gets 480
+    ring_timeout_s: float = 120.0  # unanswered by then: 480 inbound, CANCEL outbound
     user_agent: str = "Cadence"
 
     def allows(self, source: Address) -> bool:

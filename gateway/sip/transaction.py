@@ -13,6 +13,7 @@ Client INVITE (17.1.1)                     Client non-INVITE (17.1.2)
       (send ACK, D)                           Proceeding --E--> Proceeding (retransmit)
   Calling --A--> Calling (retransmit)         Trying/Proceeding --F--> Terminated (timeout)
   Calling --B--> Terminated (timeout)         Completed --K--> Terminated
+  Proceeding --B--> Terminated (B re-armed when we CANCEL: RFC 3261 9.1)
   Completed --3xx-6xx--> Completed (ACK again)
   Completed --D--> Terminated, Accepted --M--> Terminated
 
@@ -185,6 +186,7 @@ class ClientInvite(Transaction):
         (S.CALLING, I_.B): S.TERMINATED,
         (S.CALLING, I_.PROVISIONAL): S.PROCEEDING,
         (S.PROCEEDING, I_.PROVISIONAL): S.PROCEEDING,
+        (S.PROCEEDING, I_.B): S.TERMINATED,
         (S.CALLING, I_.SUCCESS): S.ACCEPTED,
         (S.PROCEEDING, I_.SUCCESS): S.ACCEPTED,
         (S.CALLING, I_.FAILURE): S.COMPLETED,
@@ -199,6 +201,7 @@ class ClientInvite(Transaction):
         (S.ACCEPTED, I_.M): S.TERMINATED,
     }
     INITIAL = State.CALLING
+    bounded = False  # keep timer B running in Proceeding (re-INVITEs, which no human answers)
 
     def start(self, now: float) -> Step:
         if not self.reliable:
@@ -220,12 +223,19 @@ class ClientInvite(Transaction):
             step.deliver = response if event is Input.SUCCESS else None
             return step
         step.deliver = response
+        if event is Input.PROVISIONAL and before is State.CALLING and self.bounded:
+            self._arm(Input.B, now, 64 * self.timers.t1 - (now - self.created))
         if event is Input.SUCCESS:
             self._arm(Input.M, now, 64 * self.timers.t1)
         elif event is Input.FAILURE:
             step.sends.append(self._send(self.ack_for(response).encode()))
             self._arm(Input.D, now, 0.0 if self.reliable else 32.0)
         return step
+
+    def cancelled(self, now: float) -> None:
+        """After our CANCEL, give the INVITE 64*T1 to end before we forget it (RFC 3261 9.1)."""
+        if self.state is State.PROCEEDING:
+            self._arm(Input.B, now, 64 * self.timers.t1)
 
     def ack_for(self, response: Response) -> Request:
         """The ACK for a non-2xx final response (17.1.1.3): same branch, the response's To."""

@@ -22,6 +22,7 @@ from gateway.sip.transaction import (
     ClientInvite,
     ClientNonInvite,
     Outgoing,
+    State,
     Transaction,
 )
 
@@ -112,6 +113,7 @@ class Upkeep(Caller):
         request = call.dialog.request("INVITE", self._via(call.transport), body, headers)
         transaction, sends = self.stack.start_client(request, call.peer, call.transport, now)
         assert isinstance(transaction, ClientInvite)
+        transaction.bounded = True  # no human answers a re-INVITE: 1xx does not stop timer B
         call.reinvite, call.reinvite_ack, call.reinvite_direction = transaction, None, direction
         return list(sends)
 
@@ -151,10 +153,18 @@ class Upkeep(Caller):
 
     def _call_timers(self, call: Call, now: float) -> list[Output]:
         if call.ring_deadline is not None and call.ring_deadline <= now:
+            call.ring_deadline = None
+            if call.uac:
+                # Nobody answered our call in time; a proxy's timer C may never fire for us.
+                call.hangup_requested = True
+                invite = call.client_invite
+                proceeding = invite is not None and invite.state is State.PROCEEDING
+                sends: list[Output] = self._cancel(call, now) if proceeding else []
+                return [*sends, *self._report(call, "ring_timeout")]
             assert call.server_invite is not None
             response = response_to(call.invite, 480, call.dialog.local_tag)
-            sends = call.server_invite.respond(response, now).sends
-            return [*sends, *self._end(call, now, "ring_timeout")]
+            sent = call.server_invite.respond(response, now).sends
+            return [*sent, *self._end(call, now, "ring_timeout")]
         if call.ok_give_up is not None and call.ok_give_up <= now:
             call.stop_ok_retransmission()
             reason = "local_hangup" if call.hangup_requested else "no_ack"

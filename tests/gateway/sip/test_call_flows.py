@@ -215,8 +215,21 @@ def test_session_timer_refresh_keeps_call_and_expiry_ends_it() -> None:
 
 
 def test_unanswered_inbound_call_times_out_with_480() -> None:
-    uac, uas, wire = pair(ring_timeout_s=30.0)
+    uac, uas = make_agent(5060, 1), make_agent(5070, 2, ring_timeout_s=30.0)
+    wire = Wire(uac, uas)
     call_id = dial(uac, wire)
     wire.advance(31)
     assert wire.of(uas, CallEnded) == [CallEnded(call_id, "ring_timeout")]
     assert wire.of(uac, CallEnded) == [CallEnded(call_id, "rejected", 480)]
+
+
+def test_outbound_call_nobody_answers_is_cancelled() -> None:
+    uac, uas = make_agent(5060, 1, ring_timeout_s=20.0), make_agent(5070, 2)
+    wire = Wire(uac, uas)
+    call_id = dial(uac, wire)
+    wire.take(uas, uas.ring(call_id, wire.now))
+    wire.advance(21)
+    assert wire.of(uac, CallEnded) == [CallEnded(call_id, "ring_timeout")]
+    assert wire.of(uas, CallEnded) == [CallEnded(call_id, "cancelled")]
+    wire.advance(100)
+    assert uac.live_transactions() == uas.live_transactions() == 0

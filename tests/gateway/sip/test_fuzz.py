@@ -17,10 +17,12 @@ from hypothesis import strategies as st
 from gateway.rtp.packet import RtpParseError, parse_rtcp, parse_rtp
 from gateway.rtp.telephone_event import EventReceiver, TelephoneEventError
 from gateway.sip.agent import Agent, CallStateError
+from gateway.sip.digest import Credentials
 from gateway.sip.events import AgentConfig, CallEnded, IncomingCall, Output
 from gateway.sip.headers import SipParseError
-from gateway.sip.message import StreamFramer, parse_message
-from gateway.sip.sdp import Origin, SessionDescription, answer, parse_sdp
+from gateway.sip.message import Request, StreamFramer, parse_message, response_to
+from gateway.sip.sdp import Origin, SessionDescription, answer, offer, parse_sdp
+from gateway.sip.transaction import Outgoing
 
 HERE = Path(__file__).parent
 CORPUS = [
@@ -267,3 +269,66 @@ def test_agent_survives_any_dialog_sequence(
     # new INVITE after a failure, as it does after a 401, so count, not dedupe).
     started = 1 + len([e for e in outputs if isinstance(e, IncomingCall)])
     assert len([e for e in outputs if isinstance(e, CallEnded)]) == started
+
+
+STATUSES = [100, 180, 183, 200, 401, 407, 422, 486, 487, 503]
+
+
+def peer_response(invite: Request, status: int, tag: str | None, timer: bool) -> bytes:
+    """What a trunk might answer to our INVITE: challenges, 422, answers with or without SDP."""
+    headers: list[tuple[str, str]] = [("Contact", "<sip:peer@10.0.0.9:5060>")]
+    if status in (401, 407):
+        name = "WWW-Authenticate" if status == 401 else "Proxy-Authenticate"
+        headers.append((name, f'Digest realm="t", nonce="{tag or "n"}", qop="auth"'))
+    if status == 422:
+        headers.append(("Min-SE", "600"))
+    if timer:
+        headers.append(("Session-Expires", "90;refresher=uas"))
+    body = b""
+    if status == 200 and invite.body:
+        remote = parse_sdp(invite.body)
+        body = answer(remote, Origin("p", 1, 1, "10.0.0.9"), "10.0.0.9", 50000)[0].encode()
+    return response_to(invite, status, tag, tuple(headers), body).encode()
+
+
+@settings(
+    max_examples=200, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow]
+)
+@given(
+    st.lists(
+        st.tuples(st.sampled_from([*STATUSES, 0, 1, 2]), st.sampled_from(["t1", "t2", None]),
+                  st.booleans(), st.floats(0, 40)),
+        max_size=12,
+    ),
+    st.integers(0, 2**16),
+)  # fmt: skip
+def test_uac_survives_any_response_sequence(
+    steps: list[tuple[int, str | None, bool, float]], seed: int
+) -> None:
+    agent = Agent(AgentConfig(address=("10.0.0.2", 5060)), random.Random(seed))
+    sdp = offer(Origin("c", 1, 1, "10.0.0.2"), "10.0.0.2", 30000)
+    call_id, sent = agent.dial(
+        "sip:peer@10.0.0.9", sdp, 0.0, credentials=Credentials("u", "p"), proxy=("10.0.0.9", 5060)
+    )
+    outputs: list[Output] = list(sent)
+    now = 0.0
+    for status, tag, timer, pause in steps:
+        now += pause if status == 0 else 0.01
+        invites = [parse_message(o.data) for o in outputs if isinstance(o, Outgoing)]
+        invite = [m for m in invites if isinstance(m, Request) and m.method == "INVITE"][-1]
+        if status == 1:
+            outputs += agent.hangup(call_id, now)
+        elif status == 2:
+            with contextlib.suppress(CallStateError):
+                outputs += agent.reinvite(call_id, "inactive", now)
+        elif status > 2:
+            data = peer_response(invite, status, tag, timer)
+            outputs += agent.receive(data, ("10.0.0.9", 5060), "udp", now)
+        outputs += agent.handle_timer(now)
+    outputs += drain(agent, now)
+    if agent.live_dialogs():  # answered without a session timer: only a hangup ends it
+        outputs += agent.hangup(call_id, now)
+        outputs += drain(agent, now)
+    assert agent.live_dialogs() == 0
+    assert agent.live_transactions() == 0
+    assert len([e for e in outputs if isinstance(e, CallEnded)]) == 1
