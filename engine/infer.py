@@ -50,6 +50,9 @@ def add_infer_arguments(parser: argparse.ArgumentParser) -> None:
         "--dtype", choices=["float32", "bfloat16"], help="LM dtype (default: bf16 on CUDA)"
     )
     parser.add_argument("--seed", type=int, default=0, help="sampling seed")
+    parser.add_argument(
+        "--cpu-threads", type=int, default=1, help="torch threads on CPU (small models: 1)"
+    )
     parser.add_argument("--voice-prompt", type=Path, help="PersonaPlex: WAV of the voice")
     parser.add_argument("--text-prompt", help="PersonaPlex: role text (needs the tokenizer)")
 
@@ -112,6 +115,9 @@ def run_infer(args: argparse.Namespace) -> int:
         config = load_config(args.config)
         pcm, rate = read_wav(args.input)
         device = torch.device(args.device)
+        if device.type == "cpu":
+            # small steps on shared cores: a thread pool's barriers cost more than they save
+            torch.set_num_threads(args.cpu_threads)
         dtype_name = args.dtype or ("bfloat16" if device.type == "cuda" else "float32")
         model = build_moshi(
             config,
