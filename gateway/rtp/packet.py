@@ -22,8 +22,6 @@ __all__ = [
     "parse_rtp",
 ]
 
-RTP_VERSION = 2
-
 
 class RtpParseError(ValueError):
     """The one error raised for a datagram that is not a well-formed RTP or RTCP packet."""

@@ -16,7 +16,7 @@ from collections import deque
 from dataclasses import dataclass
 
 DIGITS = "0123456789*#ABCD"
-FLASH_EVENT = 16
+FLASH_EVENT = 16  # hook flash: an event, not a digit
 _REMEMBERED_PRESSES = 32  # enough to swallow the redundant end packets of recent presses
 
 

@@ -16,7 +16,7 @@ request goes to the remote target (the peer's Contact) through that route set; l
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from enum import Enum
 
 from gateway.sip.headers import NameAddr, Uri, Via, parse_name_addr
@@ -61,7 +61,6 @@ class Dialog:
     remote_seq: int | None = None
     route_set: tuple[str, ...] = ()
     state: DialogState = DialogState.EARLY
-    extra: dict[str, str] = field(default_factory=dict)
 
     def advance(self, event: DialogInput) -> DialogState:
         new = _TABLE.get((self.state, event))
@@ -69,10 +68,6 @@ class Dialog:
             raise DialogError(f"dialog {self.call_id}: {event.value} in {self.state.value}")
         self.state = new
         return new
-
-    @property
-    def key(self) -> tuple[str, str, str | None]:
-        return (self.call_id, self.local_tag, self.remote_tag)
 
     @classmethod
     def for_uas(cls, invite: Request, local_tag: str, local_contact: str) -> Dialog:

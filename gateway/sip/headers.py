@@ -136,12 +136,6 @@ class SipUri:
         headers = f"?{self.headers}" if self.headers else ""
         return f"{self.scheme}:{userinfo}{self.host}{port}{render_params(self.params)}{headers}"
 
-    def param(self, name: str) -> str | None:
-        return param(self.params, name)
-
-    def with_params(self, params: Params) -> SipUri:
-        return replace(self, params=params)
-
 
 @dataclass(frozen=True)
 class TelUri:
@@ -275,9 +269,6 @@ class Via:
     @property
     def branch(self) -> str | None:
         return param(self.params, "branch")
-
-    def with_params(self, params: Params) -> Via:
-        return replace(self, params=params)
 
     def __str__(self) -> str:
         port = f":{self.port}" if self.port is not None else ""

@@ -166,10 +166,6 @@ class Message:
         headers = (entry, *self.headers) if first else (*self.headers, entry)
         return replace(self, headers=headers)
 
-    def without_header(self, name: str) -> Self:
-        wanted = canonical_name(name).lower()
-        return replace(self, headers=tuple(h for h in self.headers if h[0].lower() != wanted))
-
     def _encode(self, start_line: str) -> bytes:
         length = str(len(self.body))
         lines = [start_line]

@@ -27,6 +27,7 @@ from gateway.sip.transaction import (
 )
 
 CallTxn = ClientInvite | ClientNonInvite
+DIALOG_GONE = (408, 481)  # answers to an in-dialog request that mean the dialog is dead
 
 
 class Upkeep(Caller):
@@ -57,15 +58,11 @@ class Upkeep(Caller):
             return self._on_refresh_response(call, response, now)
         return []
 
-    def _peer_gone(self, call: Call, status: int) -> bool:
-        """408 and 481 to an in-dialog request mean the dialog is dead (RFC 5057)."""
-        return status in (408, 481)
-
     def _on_reinvite_response(self, call: Call, response: Response, now: float) -> list[Output]:
         if response.status < 200:
             return []
         if response.status >= 300:
-            if self._peer_gone(call, response.status):
+            if response.status in DIALOG_GONE:
                 return [*self._bye(call, now), *self._end(call, now, "remote_gone")]
             return []
         if call.reinvite_ack is not None:
@@ -87,7 +84,7 @@ class Upkeep(Caller):
         return out
 
     def _on_refresh_response(self, call: Call, response: Response, now: float) -> list[Output]:
-        if self._peer_gone(call, response.status):
+        if response.status in DIALOG_GONE:
             return [*self._bye(call, now), *self._end(call, now, "remote_gone")]
         if response.status < 300:
             self._take_timer(call, response, now)

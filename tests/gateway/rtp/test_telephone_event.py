@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from gateway.rtp.telephone_event import (
+    FLASH_EVENT,
     Dtmf,
     EventReceiver,
     TelephoneEvent,
@@ -69,7 +70,7 @@ def test_same_digit_twice_is_two_presses() -> None:
 
 def test_flash_and_unknown_events_are_not_digits() -> None:
     receiver = EventReceiver()
-    end = TelephoneEvent(16, True, 10, 800).encode()
+    end = TelephoneEvent(FLASH_EVENT, True, 10, 800).encode()
     assert receiver.receive(1, 0, end) == []
 
 
