@@ -1,0 +1,254 @@
+"""Moshi 7B tick time vs concurrent calls on one GPU: Cadence's executors against Kyutai's.
+
+    python bench/engine_gpu.py --slots 1,8,32,64,128 --steps 60 --json OUT.json [--reference]
+
+For each slot count N (= calls served in lockstep) it builds Cadence's Moshi (bf16, random
+weights, 2-minute KV context = 1500 frames) with N rows and measures, back to back:
+- `eager`: the step launched op by op (N = 1 and 8 only: it is far off the 80 ms budget);
+- `graph`: the whole step (Mimi encode, temporal transformer, text and depth sampling, Mimi
+  decode) replayed as one CUDA graph, host copies in and out and the one sync included;
+and with --reference, Kyutai's `moshi` 0.2.13 pipeline (`mimi.encode` -> `LMGen.step` with its
+own CUDA graphs -> `mimi.decode`) batched at the same N, same context, same dtype.
+
+Reported per N: median / p99 / max milliseconds per step, peak GPU memory, kernels launched by
+one eager step (the graph replays the same kernels), and the ratio graph / reference. These are
+step times back to back, not ticks on the 80 ms clock: the capacity claim (zero misses over
+100,000 session-ticks) needs `cadence bench engine`, which does not exist yet.
+
+Weights are random (seeded on the device); the attention always spans the whole 1500-frame
+ring (masked), in Cadence and in the reference alike, so a fresh context costs what a full one
+does.
+"""
+
+import argparse
+import gc
+import json
+import logging
+import os
+import platform
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+os.environ.setdefault("NO_TORCH_COMPILE", "1")
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import numpy as np
+import torch
+from torch import nn
+
+from engine.executors.eager import EagerExecutor
+from engine.executors.graph import GraphExecutor
+from engine.models.moshi.config import MoshiConfig, moshiko
+from engine.models.moshi.lm import MoshiLm
+from engine.models.moshi.mimi.codec import MimiCodec
+from engine.models.moshi.model import MoshiModel
+from engine.models.moshi.sampling import Sampling
+
+log = logging.getLogger("engine_gpu")
+SAMPLES = 1920
+CONTEXT = 1500  # 2 minutes of 80 ms frames
+
+
+def randomize_on_device(module: nn.Module, seed: int) -> None:
+    """Seeded random weights drawn on the GPU (CPU draws take minutes at 7B)."""
+    generator = torch.Generator(device="cuda").manual_seed(seed)
+    with torch.no_grad():
+        for name, param in module.named_parameters():
+            if "norm" in name or name.endswith("alpha") or name.endswith("scale"):
+                continue
+            fan_in = param.shape[-1] if param.dim() > 1 else 1
+            if param.dim() == 3 and "codebooks" not in name:
+                fan_in = param.shape[1] * param.shape[2]
+            std = 0.02 if "codebooks" in name else fan_in**-0.5
+            param.normal_(0.0, std, generator=generator)
+
+
+Weights = dict[str, dict[str, torch.Tensor]]
+
+
+def build(config: MoshiConfig, slots: int, weights: Weights) -> MoshiModel:
+    device = torch.device("cuda")
+    greedy = Sampling(greedy=True, temperature=1.0, top_k=1)
+    generator = torch.Generator(device=device).manual_seed(0)
+    lm = MoshiLm(config.lm, slots, device, torch.bfloat16, greedy, greedy, generator)
+    mimi = MimiCodec(config.mimi, slots, device)
+    if weights:
+        lm.load_state_dict(weights["lm"])
+        mimi.load_state_dict(weights["mimi"])
+    else:
+        randomize_on_device(lm, 1)
+        randomize_on_device(mimi, 2)
+    lm.eval()
+    mimi.eval()
+    return MoshiModel(config, lm, mimi, slots, device, None)
+
+
+def percentiles(ms: list[float]) -> dict[str, float]:
+    ordered = sorted(ms)
+    return {
+        "median_ms": round(statistics.median(ordered), 3),
+        "p99_ms": round(ordered[min(len(ordered) - 1, int(0.99 * len(ordered)))], 3),
+        "max_ms": round(ordered[-1], 3),
+    }
+
+
+def time_steps(run: Any, slots: int, steps: int) -> list[float]:
+    rng = np.random.default_rng(0)
+    pcm = (rng.standard_normal((slots, SAMPLES)) * 0.1).astype(np.float32)
+    active = np.ones(slots, np.bool_)
+    reset = np.zeros(slots, np.bool_)
+    first = reset.copy()
+    first[:] = True
+    run(pcm, first, active)
+    for _ in range(3):
+        run(pcm, reset, active)
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(steps):
+        t0 = time.perf_counter()
+        run(pcm, reset, active)  # ends with the host sync of the outputs
+        times.append((time.perf_counter() - t0) * 1e3)
+    return times
+
+
+def count_kernels(model: MoshiModel) -> int:
+    slots = model.slots
+    pcm = np.zeros((slots, SAMPLES), np.float32)
+    mask = np.ones(slots, np.bool_)
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        model.step(pcm, ~mask, mask)
+        torch.cuda.synchronize()
+    return len([e for e in prof.events() if e.device_type.name == "CUDA"])
+
+
+def cadence_row(config: MoshiConfig, slots: int, steps: int, weights: Weights) -> dict[str, Any]:
+    torch.cuda.reset_peak_memory_stats()
+    model = build(config, slots, weights)
+    row: dict[str, Any] = {"slots": slots}
+    if slots <= 8:
+        row["eager"] = percentiles(time_steps(EagerExecutor(model).run, slots, min(steps, 20)))
+        row["kernels_per_step"] = count_kernels(model)
+    t0 = time.perf_counter()
+    graph = GraphExecutor(model)
+    row["graph_capture_s"] = round(time.perf_counter() - t0, 2)
+    row["graph"] = percentiles(time_steps(graph.run, slots, steps))
+    row["peak_memory_gb"] = round(torch.cuda.max_memory_allocated() / 1e9, 2)
+    del graph, model
+    gc.collect()
+    torch.cuda.empty_cache()
+    return row
+
+
+def reference_row(slots: int, steps: int) -> dict[str, Any]:
+    from moshi.models import loaders
+    from moshi.models.lm import LMGen
+
+    torch.cuda.reset_peak_memory_stats()
+    device = torch.device("cuda")
+    kwargs = loaders._lm_kwargs | {"context": CONTEXT}
+    lm = loaders.get_moshi_lm(None, lm_kwargs=kwargs, device=device, dtype=torch.bfloat16)
+    mimi = loaders.get_mimi(None, device=device, num_codebooks=8)
+    gen = LMGen(lm, use_sampling=False, support_out_of_sync=True)
+    pcm = torch.randn(slots, 1, SAMPLES, device=device) * 0.1
+    times: list[float] = []
+    with torch.no_grad(), mimi.streaming(slots), gen.streaming(slots):
+        for i in range(steps + 6):
+            t0 = time.perf_counter()
+            codes = mimi.encode(pcm)
+            tokens = gen.step(codes)
+            if tokens is not None:
+                mimi.decode(tokens[:, 1:9])
+            torch.cuda.synchronize()
+            if i >= 6:
+                times.append((time.perf_counter() - t0) * 1e3)
+    row = {"slots": slots, **percentiles(times)}
+    row["peak_memory_gb"] = round(torch.cuda.max_memory_allocated() / 1e9, 2)
+    del gen, lm, mimi
+    gc.collect()
+    torch.cuda.empty_cache()
+    return row
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--slots", default="1,8,32,64,128")
+    parser.add_argument("--steps", type=int, default=60)
+    parser.add_argument("--reference", action="store_true")
+    parser.add_argument("--reference-slots", help="default: the same as --slots")
+    parser.add_argument("--json", type=Path)
+    args = parser.parse_args()
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
+    torch.backends.cuda.matmul.allow_tf32 = True
+    config = moshiko()
+    assert config.lm.context == CONTEXT
+    result: dict[str, Any] = {
+        "command": " ".join(sys.argv),
+        "machine": {
+            "gpu": torch.cuda.get_device_name(),
+            "python": platform.python_version(),
+            "torch": torch.__version__,
+            "cuda": torch.version.cuda,
+        },
+        "model": "moshiko 7B shapes, random weights, bf16, context 1500 frames",
+        "cadence": [],
+        "reference": [],
+    }
+    t0 = time.perf_counter()
+    master = build(config, 1, {})
+    weights: Weights = {
+        "lm": {k: v.cpu() for k, v in master.lm.state_dict().items()},
+        "mimi": {k: v.cpu() for k, v in master.mimi.state_dict().items()},
+    }
+    del master
+    gc.collect()
+    torch.cuda.empty_cache()
+    log.info("weights ready in %.1f s", time.perf_counter() - t0)
+    for slots in [int(s) for s in args.slots.split(",")]:
+        try:
+            row = cadence_row(config, slots, args.steps, weights)
+        except torch.OutOfMemoryError:
+            row = {"slots": slots, "error": "out of memory"}
+            gc.collect()
+            torch.cuda.empty_cache()
+        log.info("cadence %s", json.dumps(row))
+        result["cadence"].append(row)
+        if args.json:
+            args.json.write_text(json.dumps(result, indent=1))
+    if args.reference:
+        del weights
+        gc.collect()
+        ref_slots = args.reference_slots or args.slots
+        for slots in [int(s) for s in ref_slots.split(",")]:
+            try:
+                row = reference_row(slots, args.steps)
+            except torch.OutOfMemoryError:
+                row = {"slots": slots, "error": "out of memory"}
+                gc.collect()
+                torch.cuda.empty_cache()
+            log.info("reference %s", json.dumps(row))
+            result["reference"].append(row)
+            if args.json:
+                args.json.write_text(json.dumps(result, indent=1))
+    print(
+        f"{'N':>5} {'eager ms':>9} {'graph ms':>9} {'p99':>7} {'ref ms':>8} {'ratio':>6} {'GB':>6}"
+    )
+    ref = {r["slots"]: r for r in result["reference"] if "median_ms" in r}
+    for row in result["cadence"]:
+        n = row["slots"]
+        g = row.get("graph", {}).get("median_ms")
+        e = row.get("eager", {}).get("median_ms")
+        r = ref.get(n, {}).get("median_ms")
+        ratio = f"{g / r:.2f}" if g and r else "-"
+        print(
+            f"{n:>5} {e or '-':>9} {g or row.get('error', '-'):>9} "
+            f"{row.get('graph', {}).get('p99_ms', '-'):>7} {r or '-':>8} {ratio:>6} "
+            f"{row.get('peak_memory_gb', '-'):>6}"
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
