@@ -68,10 +68,9 @@ class Agent(Upkeep):
             return [*sent, MessageDropped(source, "malformed")]
         out: list[Output] = []
         if not allowed:
-            forbidden = isinstance(message, Request) and message.method != "ACK"
-            if forbidden and self.config.answer_forbidden:
-                reply = response_to(message, 403).encode()  # type: ignore[arg-type]
-                out.append(Outgoing(reply, source, transport))
+            answerable = isinstance(message, Request) and message.method != "ACK"
+            if answerable and self.config.answer_forbidden and isinstance(message, Request):
+                out.append(Outgoing(response_to(message, 403).encode(), source, transport))
             return [*out, MessageDropped(source, "forbidden")]
         if isinstance(message, Response):
             out += self._on_response(message, source, now)
@@ -81,7 +80,7 @@ class Agent(Upkeep):
 
     def next_timer(self) -> float | None:
         deadlines = [d for call in self.calls.values() for d in call.deadlines()]
-        deadlines += [r.refresh_at for r in self.registrations.values() if r.refresh_at]
+        deadlines += [r.refresh_at for r in self.registrations.values() if r.refresh_at is not None]
         stack = self.stack.next_timer()
         if stack is not None:
             deadlines.append(stack)
@@ -323,7 +322,8 @@ class Agent(Upkeep):
         self, call: Call, request: Request, txn: ServerTxn, now: float
     ) -> list[Output]:
         tag = call.dialog.local_tag
-        if request.method == "INVITE" and (call.reinvite_pending() or not call.confirmed):
+        offers = request.method == "INVITE" or bool(request.body)
+        if offers and (call.reinvite_pending() or not call.confirmed):
             if call.reinvite_pending():
                 return self._respond(txn, 491, now, to_tag=tag)  # glare (RFC 3261 14.2)
             return self._respond(txn, 500, now, (("Retry-After", "1"),), to_tag=tag)
