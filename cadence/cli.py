@@ -83,6 +83,38 @@ def _gateway_options(p: argparse.ArgumentParser) -> None:
     g.add_argument(
         "--jitter-min-ms", type=float, default=40.0, help="jitter buffer's lowest target delay"
     )
+    s = p.add_argument_group("phone calls (SIP/RTP)")
+    s.add_argument(
+        "--sip-port", type=int, default=0, help="SIP port, UDP and TCP (0: no SIP; 5060 usual)"
+    )
+    s.add_argument(
+        "--sip-address",
+        default="127.0.0.1",
+        help="address SIP and RTP bind to and advertise (Via, Contact, SDP)",
+    )
+    s.add_argument(
+        "--rtp-ports", default="20000-20999", metavar="LOW-HIGH", help="RTP port range (even ports)"
+    )
+    s.add_argument(
+        "--sip-allow",
+        action="append",
+        default=[],
+        metavar="CIDR",
+        help="accept SIP only from this network (repeatable; default: every source)",
+    )
+    s.add_argument(
+        "--rtp-timeout-s", type=float, default=30.0, help="hang up after this long without RTP"
+    )
+    s.add_argument(
+        "--sip-busy",
+        type=int,
+        default=503,
+        choices=[503, 486],
+        help="answer to calls while the engine is full: 503 + Retry-After, or 486 Busy Here",
+    )
+    s.add_argument(
+        "--sip-ring-ms", type=float, default=0.0, help="ring (180) this long before answering"
+    )
     g.add_argument(
         "--jitter-max-ms", type=float, default=200.0, help="jitter buffer's highest target delay"
     )
@@ -115,7 +147,14 @@ def _gateway_argv(a: argparse.Namespace) -> list[str]:
         f"--jitter-min-ms={a.jitter_min_ms}",
         f"--jitter-max-ms={a.jitter_max_ms}",
         f"--log-level={a.log_level}",
+        f"--sip-port={a.sip_port}",
+        f"--sip-address={a.sip_address}",
+        f"--rtp-ports={a.rtp_ports}",
+        f"--rtp-timeout-s={a.rtp_timeout_s}",
+        f"--sip-busy={a.sip_busy}",
+        f"--sip-ring-ms={a.sip_ring_ms}",
     ]
+    argv += [f"--sip-allow={cidr}" for cidr in a.sip_allow]
     argv += [f"--ice-address={addr}" for addr in a.ice_address]
     argv += [f"--ice-server={url}" for url in a.ice_server]
     optional = {
@@ -229,5 +268,19 @@ def _dispatch(args: argparse.Namespace) -> int:
             jitter=JitterConfig(
                 min_delay_s=args.jitter_min_ms / 1000.0, max_delay_s=args.jitter_max_ms / 1000.0
             ),
+            sip_port=args.sip_port,
+            sip_address=args.sip_address,
+            rtp_ports=_port_range(args.rtp_ports),
+            sip_allow=tuple(args.sip_allow),
+            rtp_timeout_s=args.rtp_timeout_s,
+            sip_busy_status=args.sip_busy,
+            sip_ring_s=args.sip_ring_ms / 1000.0,
         )
     )
+
+
+def _port_range(text: str) -> tuple[int, int]:
+    low, dash, high = text.partition("-")
+    if not dash or not low.isdigit() or not high.isdigit():
+        raise ValueError(f"--rtp-ports wants LOW-HIGH, not {text!r}")
+    return int(low), int(high)

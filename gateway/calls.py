@@ -12,7 +12,8 @@ import logging
 import time
 import uuid
 from collections import OrderedDict
-from dataclasses import dataclass, field
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -28,12 +29,13 @@ from gateway.media.downlink import Downlink
 from gateway.media.jitter import JitterCounters
 from gateway.media.opus import OpusDecoder
 from gateway.media.session import MediaSession
-from gateway.media.uplink import Uplink
+from gateway.media.uplink import AudioDecoder, Uplink
 from gateway.metrics import GatewayMetrics
 from gateway.webrtc import OPUS_RATE, PACKET_SAMPLES, answer
 
 log = logging.getLogger(__name__)
 
+COMPLETED = ("hangup", "peer_closed", "peer_hangup")  # end reasons that are not failures
 ENDED_KEPT = 256  # final records kept, so a page polling its call learns why it ended
 
 
@@ -59,6 +61,8 @@ class Call:
     reported: JitterCounters = field(default_factory=JitterCounters)
     captions: CaptionStream | None = None  # when the gateway has a captioner
     caption_channel: RTCDataChannel | None = None  # once the peer's channel opens
+    on_end: Callable[[str], Awaitable[None]] | None = None  # the transport's own goodbye
+    describe: Callable[[], dict[str, Any]] | None = None  # transport details for the record
 
 
 class CallRegistry:
@@ -125,6 +129,37 @@ class CallRegistry:
         log.info("call %s answered on slot %d gen %d", call_id, lease.slot, lease.generation)
         return call, answer_sdp
 
+    async def start_sip(self, decoder: AudioDecoder, packet_samples: int) -> Call:
+        """Admit a phone call and build its media; the SIP bridge answers and attaches RTP.
+
+        `packet_samples` is the negotiated packet time at the codec's rate: the jitter buffer's
+        first guess (it learns the real one from timestamps) and the send packet size.
+        """
+        t0 = time.monotonic()
+        call_id = uuid.uuid4().hex[:16]
+        lease = await self._admit(call_id)
+        spec = self.ring.spec
+        jitter = replace(self.config.jitter, clock_rate=decoder.rate, packet_samples=packet_samples)
+        uplink = Uplink(
+            decoder,
+            jitter,
+            model_rate=spec.sample_rate,
+            frame_samples=spec.frame_samples,
+            pump_period_s=self.grid.step_s,
+        )
+        downlink = Downlink(
+            spec.sample_rate, decoder.rate, packet_samples, self.config.send_queue_max_s
+        )
+        call = Call(call_id, "sip", lease, MediaSession(self.ring, lease, uplink, downlink))
+        call.state = "ringing"
+        self.calls[call_id] = call
+        self.metrics.calls_active.labels("sip").inc()
+        self.metrics.setup_duration.labels("sip").observe(
+            time.monotonic() - t0, {"call_id": call_id}
+        )
+        log.info("call %s admitted on slot %d gen %d", call_id, lease.slot, lease.generation)
+        return call
+
     async def _admit(self, call_id: str) -> SlotLease:
         try:
             return await self.engine.open(call_id)
@@ -159,7 +194,9 @@ class CallRegistry:
         await self._release(call.lease)
         if call.pc is not None:
             await call.pc.close()
-        outcome = "completed" if reason in ("hangup", "peer_closed") else "failed"
+        if call.on_end is not None:
+            await call.on_end(reason)
+        outcome = "completed" if reason in COMPLETED else "failed"
         self.metrics.calls_active.labels(call.transport).dec()
         self.metrics.calls.labels(call.transport, outcome).inc(1, {"call_id": call.id})
         log.info("call summary %s", json.dumps(record, sort_keys=True))
@@ -240,6 +277,7 @@ class CallRegistry:
                 "dropped_samples": session.uplink.framer.counters.dropped_samples,
             },
             "captions": _captions_record(call),
+            **(call.describe() if call.describe is not None else {}),
             "downlink": {
                 "frames": session.downlink.frames,
                 "queued_s": round(session.downlink.queued_s, 4),

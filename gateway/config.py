@@ -1,5 +1,6 @@
 """The gateway process's one typed configuration, validated when built."""
 
+import ipaddress
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -8,6 +9,7 @@ from gateway.media.jitter import JitterConfig
 WEB_ROOT = Path(__file__).resolve().parent.parent / "web"
 ICE_SCHEMES = ("stun:", "stuns:", "turn:", "turns:")
 MIN_TOKEN_CHARS = 16  # a guessable bearer token protects nothing
+SIP_BUSY_STATUSES = (503, 486)  # 503 + Retry-After: try later or elsewhere; 486: busy here
 
 
 @dataclass(frozen=True)
@@ -27,6 +29,13 @@ class GatewayConfig:
     turn_credential: str | None = None
     auth_token: str | None = None  # when set, the call API needs "Authorization: Bearer" it
     captions_tokenizer: Path | None = None  # sentencepiece model: text tokens -> captions
+    sip_port: int = 0  # SIP over UDP and TCP for phone calls; 0: no SIP
+    sip_address: str = "127.0.0.1"  # bound for SIP and RTP, and advertised in Via/Contact/SDP
+    rtp_ports: tuple[int, int] = (20000, 20999)  # even ports in [low, high) carry RTP
+    sip_allow: tuple[str, ...] = ()  # CIDRs allowed to send SIP; empty: every source
+    rtp_timeout_s: float = 30.0  # a call whose peer sends no media this long is hung up
+    sip_busy_status: int = 503  # the refusal while the engine is full or draining
+    sip_ring_s: float = 0.0  # ring this long (180) before answering
 
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535:
@@ -46,6 +55,31 @@ class GatewayConfig:
             raise ValueError(f"the auth token must have at least {MIN_TOKEN_CHARS} characters")
         if self.captions_tokenizer is not None and not self.captions_tokenizer.is_file():
             raise ValueError(f"captions tokenizer {self.captions_tokenizer} is not a file")
+        self._validate_sip()
+
+    def _validate_sip(self) -> None:
+        if not 0 <= self.sip_port <= 65535:
+            raise ValueError(f"invalid SIP port {self.sip_port}")
+        try:
+            address = ipaddress.ip_address(self.sip_address)
+        except ValueError:
+            raise ValueError(f"the SIP address must be an IP address: {self.sip_address}") from None
+        if address.is_unspecified:
+            raise ValueError("the SIP address is advertised to peers: give a concrete address")
+        low, high = self.rtp_ports
+        if not 1024 <= low < high <= 65535 or high - low < 2:
+            raise ValueError(f"invalid RTP port range {low}-{high}")
+        for network in self.sip_allow:
+            try:
+                ipaddress.ip_network(network, strict=False)
+            except ValueError:
+                raise ValueError(f"--sip-allow {network!r} is not a CIDR") from None
+        if self.rtp_timeout_s <= 0:
+            raise ValueError("the RTP timeout must be positive")
+        if self.sip_busy_status not in SIP_BUSY_STATUSES:
+            raise ValueError(f"the SIP busy status must be one of {SIP_BUSY_STATUSES}")
+        if not 0 <= self.sip_ring_s <= 60:
+            raise ValueError("the SIP ring time must be in [0, 60] s")
 
     def browser_ice_servers(self) -> list[dict[str, object]]:
         """RTCIceServer dictionaries for the page, TURN credentials on the TURN URLs only."""

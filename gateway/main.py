@@ -18,6 +18,7 @@ from gateway.engine_client import EngineClient, EngineUnavailable
 from gateway.ice import restrict_host_candidates
 from gateway.media.clock import PumpGrid
 from gateway.metrics import GatewayMetrics
+from gateway.phone.bridge import PhoneBridge
 from gateway.pump import run_media_clock
 
 log = logging.getLogger(__name__)
@@ -94,6 +95,9 @@ async def _serve(config: GatewayConfig) -> int:
     site = web.TCPSite(runner, config.host, config.port)
     await site.start()
     log.info("gateway listening on http://%s:%d", config.host, config.port)
+    phone = PhoneBridge(config, calls) if config.sip_port else None
+    if phone is not None:
+        await phone.start()
 
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -106,6 +110,8 @@ async def _serve(config: GatewayConfig) -> int:
     log.info("gateway stopping: ending %d calls", len(calls.calls))
     watch.cancel()
     await calls.end_all("gateway_stopping")
+    if phone is not None:
+        await phone.stop()
     clock_task[0].cancel()
     for task in (watch, clock_task[0]):
         with contextlib.suppress(asyncio.CancelledError):

@@ -78,6 +78,12 @@ class GatewayMetrics:
             buckets=LAG_BUCKETS,
             registry=r,
         )
+        self.dtmf_digits = Counter(
+            "cadence_gateway_dtmf_digits_total",
+            "Key presses received as RFC 4733 telephone-events.",
+            ["transport"],
+            registry=r,
+        )
         self.engine_up = Gauge(
             "cadence_gateway_engine_up", "1 while the engine's control socket is up.", registry=r
         )
@@ -91,6 +97,7 @@ class GatewayMetrics:
             self.setup_duration.labels(transport)
             self.jitter_delay.labels(transport)
             self.concealed.labels(transport)
+            self.dtmf_digits.labels(transport)
             for outcome in CALL_OUTCOMES:
                 self.calls.labels(transport, outcome)
             for outcome in PACKET_OUTCOMES:

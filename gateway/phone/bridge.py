@@ -1,0 +1,287 @@
+"""Phone calls as Cadence calls: SIP events in, engine admission, RTP, one end for each call.
+
+    INVITE ─► IncomingCall ─► negotiate (PCMU/PCMA, telephone-event) ─► admit with the engine
+          refused ─► 503 + Retry-After (or 486)          no usable codec ─► 488
+          admitted ─► 180 ─► (ring time) ─► RTP port ─► 200 + SDP ─► ACK: live
+    re-INVITE ─► HoldChanged ─► stop or resume sending (the slot keeps ticking)
+    BYE, CANCEL, session expiry ─► CallEnded ─► CallRegistry.end
+    DELETE /v1/calls/{id}, no RTP for rtp_timeout_s, gateway stopping ─► CallRegistry.end
+          ─► on_end: BYE (or 480 if not yet answered), RTP socket closed, port given back
+
+The registry's `end` is the only way out of a call, whoever starts it, so the slot is
+released once and the summary is logged once; the agent's own `CallEnded` for a call we hang
+up ourselves arrives after the registry already dropped the call and is ignored.
+"""
+
+import asyncio
+import logging
+import random
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from gateway.calls import Call, CallRefused, CallRegistry
+from gateway.config import GatewayConfig
+from gateway.phone.codec import G711Decoder
+from gateway.phone.pacer import RtpPacer
+from gateway.phone.ports import RtpPorts
+from gateway.phone.rtp import RtpStream
+from gateway.phone.signalling import SipSignalling
+from gateway.rtp.telephone_event import Dtmf
+from gateway.sip.agent import Agent, CallStateError
+from gateway.sip.events import (
+    AgentConfig,
+    CallConfirmed,
+    CallEnded,
+    Event,
+    HoldChanged,
+    IncomingCall,
+)
+from gateway.sip.sdp import AudioStream, Origin, SessionDescription, answer
+
+log = logging.getLogger(__name__)
+
+RETRY_AFTER_S = {"full": 5, "draining": 30, "unavailable": 10}
+WATCH_PERIOD_S = 0.5  # how often RTP timeouts are checked
+UNSUPPORTED_MEDIA = 488
+END_REASONS = {"remote_hangup": "peer_hangup"}  # agent words -> the registry's words
+
+
+@dataclass
+class PhoneCall:
+    """One SIP dialog's link to its Cadence call."""
+
+    sip_call_id: str
+    from_uri: str
+    to_uri: str
+    transport: str
+    call: Call | None = None  # once admitted
+    rtp: RtpStream | None = None  # once answered
+    port: int | None = None
+    gone: str | None = None  # the dialog ended (CANCEL, BYE...) while setup was still running
+    dtmf: list[str] = field(default_factory=list)
+
+
+class PhoneBridge:
+    def __init__(self, config: GatewayConfig, calls: CallRegistry) -> None:
+        self.config = config
+        self.calls = calls
+        self._rng = random.Random()
+        agent_config = AgentConfig(
+            address=(config.sip_address, config.sip_port),
+            allowed_networks=config.sip_allow,
+        )
+        self.agent = Agent(agent_config, self._rng)
+        self.signalling = SipSignalling(self.agent, self._on_event)
+        self.ports = RtpPorts(*config.rtp_ports)
+        self.pacer = RtpPacer(lambda: self.calls.grid)
+        self.phones: dict[str, PhoneCall] = {}  # by SIP Call-ID
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    async def start(self) -> None:
+        await self.signalling.start(self.config.sip_address, self.config.sip_port)
+        if not self.config.sip_allow:
+            log.warning("SIP accepts every source address: restrict it with --sip-allow")
+        self._spawn(self.pacer.run())
+        self._spawn(self._watch_media())
+
+    async def stop(self) -> None:
+        for task in list(self._tasks):
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        await self.signalling.stop()
+
+    def _spawn(self, work: Any) -> None:
+        task: asyncio.Task[None] = asyncio.create_task(work)
+        self._tasks.add(task)
+        task.add_done_callback(self._done)
+
+    def _done(self, task: "asyncio.Task[None]") -> None:
+        self._tasks.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            log.error("phone task failed", exc_info=task.exception())
+
+    # -- SIP events --------------------------------------------------------------------------
+
+    def _on_event(self, event: Event) -> None:
+        if isinstance(event, IncomingCall):
+            phone = PhoneCall(event.call_id, event.from_uri, event.to_uri, event.transport)
+            self.phones[event.call_id] = phone
+            self._spawn(self._incoming(phone, event))
+            return
+        phone_or_none = self.phones.get(getattr(event, "call_id", ""))
+        if phone_or_none is None:
+            return
+        phone = phone_or_none
+        if isinstance(event, CallConfirmed) and phone.call is not None:
+            phone.call.state = "live"
+        elif isinstance(event, HoldChanged) and phone.rtp is not None:
+            self._hold(phone, phone.rtp, event)
+        elif isinstance(event, CallEnded):
+            reason = END_REASONS.get(event.reason, event.reason)
+            phone.gone = reason
+            if phone.call is not None and phone.rtp is not None:
+                self._spawn(self._end(phone.call.id, reason))
+
+    async def _end(self, call_id: str, reason: str) -> None:
+        await self.calls.end(call_id, reason)
+
+    def _hold(self, phone: PhoneCall, rtp: RtpStream, event: HoldChanged) -> None:
+        stream = _negotiate(event.remote_sdp, self.config.sip_address)
+        remote = None
+        if stream is not None and stream.remote_address not in ("0.0.0.0", "::"):
+            remote = (stream.remote_address, stream.remote_port)
+        rtp.set_direction(event.direction, remote)
+        assert phone.call is not None
+        phone.call.state = "live" if event.direction == "sendrecv" else "held"
+        log.info("call %s: direction %s", phone.call.id, event.direction)
+
+    # -- inbound setup -----------------------------------------------------------------------
+
+    async def _incoming(self, phone: PhoneCall, event: IncomingCall) -> None:
+        sip_id = event.call_id
+        offered = event.remote_sdp
+        stream = _negotiate(offered, self.config.sip_address) if offered else None
+        if offered is None or stream is None:
+            log.info("SIP call %s refused: no PCMU/PCMA audio offered", sip_id)
+            self._command(lambda now: self.agent.reject(sip_id, UNSUPPORTED_MEDIA, now))
+            self.phones.pop(sip_id, None)
+            return
+        decoder = G711Decoder(stream.codec)
+        try:
+            call = await self.calls.start_sip(decoder, stream.ptime_ms * decoder.rate // 1000)
+        except CallRefused as refused:
+            self._refuse(phone, refused.reason)
+            return
+        phone.call = call
+        call.on_end = lambda reason: self._hang_up(phone, reason)
+        call.describe = lambda: self._describe(phone)
+        try:
+            await self._answer(phone, call, offered, stream)
+        except Exception:
+            log.exception("call %s: setup failed", call.id)
+            await self.calls.end(call.id, "setup_failed")
+
+    async def _answer(
+        self, phone: PhoneCall, call: Call, offered: SessionDescription, stream: AudioStream
+    ) -> None:
+        sip_id = phone.sip_call_id
+        if phone.gone is None:
+            self._command(lambda now: self.agent.ring(sip_id, now))
+            if self.config.sip_ring_s:
+                await asyncio.sleep(self.config.sip_ring_s)
+        if phone.gone is not None:
+            await self.calls.end(call.id, phone.gone)
+            return
+        try:
+            rtp = await self._open_rtp(phone, call, stream)
+        except OSError as error:
+            log.error("call %s: no RTP port (%s)", call.id, error)
+            await self.calls.end(call.id, "no_rtp_port")
+            return
+        if phone.gone is not None:
+            await self.calls.end(call.id, phone.gone)
+            return
+        local = _answer(offered, self.config.sip_address, rtp, self._rng)
+        self._command(lambda now: self.agent.answer(sip_id, local, now))
+        self.pacer.add(rtp)
+        log.info(
+            "call %s answered: SIP %s from %s, %s %d ms",
+            call.id,
+            sip_id,
+            phone.from_uri,
+            stream.codec,
+            stream.ptime_ms,
+        )
+
+    def _refuse(self, phone: PhoneCall, reason: str) -> None:
+        status = self.config.sip_busy_status
+        retry = RETRY_AFTER_S.get(reason, 10) if status == 503 else None
+        log.info("SIP call %s refused (%s): %d", phone.sip_call_id, reason, status)
+        self._command(lambda now: self.agent.reject(phone.sip_call_id, status, now, retry))
+        self.phones.pop(phone.sip_call_id, None)
+
+    async def _open_rtp(self, phone: PhoneCall, call: Call, stream: AudioStream) -> RtpStream:
+        loop = asyncio.get_running_loop()
+        rtp = RtpStream(
+            call.id,
+            stream,
+            call.session,
+            self._rng,
+            self.config.rtp_timeout_s,
+            lambda press: self._dtmf(phone, press),
+        )
+        failure: OSError = OSError("the RTP port range is exhausted")
+        for port in self.ports.candidates():
+            try:
+                await loop.create_datagram_endpoint(
+                    lambda: rtp, local_addr=(self.config.sip_address, port)
+                )
+            except OSError as error:
+                failure = error
+                continue
+            self.ports.take(port)
+            phone.port, phone.rtp = port, rtp
+            return rtp
+        raise failure
+
+    def _command(self, command: Any) -> None:
+        """Run an agent command now and send what it says; a call already gone is no error."""
+        try:
+            self.signalling.deliver(command(time.monotonic()))
+        except CallStateError as error:
+            log.info("SIP command skipped: %s", error)
+
+    # -- during and after the call -----------------------------------------------------------
+
+    def _dtmf(self, phone: PhoneCall, press: Dtmf) -> None:
+        phone.dtmf.append(press.digit)
+        call_id = phone.call.id if phone.call is not None else "-"
+        log.info("call %s: DTMF %s (%.0f ms)", call_id, press.digit, press.duration_s * 1e3)
+        self.calls.metrics.dtmf_digits.labels("sip").inc(1, {"call_id": call_id})
+
+    def _describe(self, phone: PhoneCall) -> dict[str, Any]:
+        sip: dict[str, Any] = {
+            "call_id": phone.sip_call_id,
+            "from": phone.from_uri,
+            "to": phone.to_uri,
+            "transport": phone.transport,
+        }
+        if phone.rtp is not None:
+            sip.update(phone.rtp.describe())
+        return {"dtmf": "".join(phone.dtmf), "sip": sip}
+
+    async def _hang_up(self, phone: PhoneCall, reason: str) -> None:
+        """The registry ended the call: say goodbye in SIP (if the dialog lives), free RTP."""
+        if phone.gone is None:
+            self._command(lambda now: self.agent.hangup(phone.sip_call_id, now))
+        if phone.rtp is not None:
+            self.pacer.remove(phone.rtp.call_id)
+            phone.rtp.close()
+        if phone.port is not None:
+            self.ports.give_back(phone.port)
+        self.phones.pop(phone.sip_call_id, None)
+
+    async def _watch_media(self) -> None:
+        while True:
+            await asyncio.sleep(WATCH_PERIOD_S)
+            now = time.monotonic()
+            for phone in list(self.phones.values()):
+                rtp, call = phone.rtp, phone.call
+                if rtp is not None and call is not None and rtp.timeout.expired(now):
+                    log.warning("call %s: no RTP for %.0f s", call.id, rtp.timeout.timeout_s)
+                    await self.calls.end(call.id, "rtp_timeout")
+
+
+def _negotiate(offer: SessionDescription, address: str) -> AudioStream | None:
+    origin = Origin("cadence", 0, 0, address)
+    return answer(offer, origin, address, 0)[1]
+
+
+def _answer(
+    offer: SessionDescription, address: str, rtp: RtpStream, rng: random.Random
+) -> SessionDescription:
+    local = rtp.local
+    assert local is not None
+    origin = Origin("cadence", rng.getrandbits(31), 1, address)
+    return answer(offer, origin, address, local[1])[0]

@@ -1,0 +1,171 @@
+"""SIPp against a real `cadence serve --sip-port`: audio through the engine, DTMF, hang-ups,
+hold, refusals, and load. Every SIPp run must exit 0 and leave no call, slot or dialog behind.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.sip.peer import RtpPeer, band_limited_noise, echo_delay
+from tests.sip.sipp import run_sipp, start_sipp
+from tests.support.server import Served, free_port, http_json, start_serve, stop_serve
+
+log = logging.getLogger(__name__)
+
+MAX_SERVER_DELAY_S = 0.35  # jitter buffer + framing + one echo tick + pacing, with slack
+CODECS = {"PCMU": "0", "PCMA": "8"}
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Served, int]]:
+    sip_port = free_port()
+    log_path = tmp_path_factory.mktemp("serve") / "serve.log"
+    served = start_serve(
+        log_path,
+        "--slots=56",
+        f"--sip-port={sip_port}",
+        "--rtp-ports=41000-41999",
+        "--sip-ring-ms=300",
+    )
+    yield served, sip_port
+    if served.process.poll() is None:
+        stop_serve(served)
+
+
+def _idle(served: Served) -> None:
+    """No call left in the gateway, no slot left in the engine."""
+    deadline = time.monotonic() + 5.0
+    while time.monotonic() < deadline:
+        _, calls = served.get("/v1/calls")
+        live = served.engine_metrics().get("cadence_engine_slots_live", 0.0)
+        if calls == {"calls": []} and live == 0:
+            return
+        time.sleep(0.1)
+    raise AssertionError(f"left behind: {calls}, engine slots live {live}")
+
+
+def _call_keys(peer: RtpPeer) -> dict[str, str]:
+    return {
+        "media_addr": "127.0.0.1",
+        "rtp_port": str(peer.port),
+        "codec": CODECS[peer.codec],
+        "codec_name": peer.codec,
+        "ptime": str(peer.ptime_ms),
+    }
+
+
+def _live_call(served: Served) -> dict[str, Any]:
+    deadline = time.monotonic() + 5.0
+    while time.monotonic() < deadline:
+        _, body = served.get("/v1/calls")
+        if body["calls"]:
+            call: dict[str, Any] = body["calls"][0]
+            return call
+        time.sleep(0.05)
+    raise AssertionError("no call showed up")
+
+
+@pytest.mark.parametrize(
+    ("codec", "ptime_ms"), [("PCMU", 20), ("PCMA", 30), ("PCMA", 20), ("PCMU", 30)]
+)
+def test_audio_comes_back_through_the_engine(
+    served: tuple[Served, int], tmp_path: Path, codec: str, ptime_ms: int
+) -> None:
+    server, sip_port = served
+    peer = RtpPeer(codec, ptime_ms, band_limited_noise(6.0))
+    try:
+        sipp = start_sipp(tmp_path, "call.xml", sip_port, duration_ms=6000, keys=_call_keys(peer))
+        time.sleep(4.0)
+        record = _live_call(server)
+        assert sipp.wait(30) == 0, sipp.errors()
+    finally:
+        peer.stop()
+    peak, delay_s = echo_delay(peer)
+    log.info(
+        "%s %d ms: correlation %.3f, server-side delay %.1f ms",
+        codec,
+        ptime_ms,
+        peak,
+        delay_s * 1e3,
+    )
+    assert record["transport"] == "sip"
+    assert record["sip"]["codec"] == codec
+    assert record["sip"]["ptime_ms"] == ptime_ms
+    assert record["engine"]["misses"] == 0
+    assert peak > 0.8, f"returned audio does not match what was sent (peak {peak:.3f})"
+    assert 0.08 < delay_s < MAX_SERVER_DELAY_S, f"server-side delay {delay_s * 1e3:.0f} ms"
+    n = ptime_ms * 8
+    assert {len(h.payload) for h in peer.heard} == {n}, "packets of the negotiated ptime"
+    assert all((b.timestamp - a.timestamp) % n == 0 for a, b in itertools.pairwise(peer.heard))
+    _idle(server)
+
+
+def _final_record(served: Served, call_id: str) -> dict[str, Any]:
+    status, body = served.get(f"/v1/calls/{call_id}")
+    assert status == 410, body
+    record: dict[str, Any] = body["call"]
+    return record
+
+
+def test_dtmf_digits_reach_the_call_record(served: tuple[Served, int], tmp_path: Path) -> None:
+    server, sip_port = served
+    sipp = start_sipp(tmp_path, "dtmf.xml", sip_port, duration_ms=3000)
+    call_id = _live_call(server)["id"]
+    assert sipp.wait(30) == 0, sipp.errors()
+    record = _final_record(server, call_id)
+    assert record["dtmf"] == "123#"
+    assert record["sip"]["telephone_event"] == 96
+    assert record["end_reason"] == "peer_hangup"
+    _idle(server)
+
+
+def test_cancel_before_answer(served: tuple[Served, int], tmp_path: Path) -> None:
+    server, sip_port = served
+    sipp = run_sipp(tmp_path, "cancel.xml", sip_port)
+    assert sipp.process.returncode == 0, sipp.errors()
+    _idle(server)
+
+
+def test_api_hangup_sends_bye(served: tuple[Served, int], tmp_path: Path) -> None:
+    server, sip_port = served
+    peer = RtpPeer("PCMU", 20, band_limited_noise(1.0))
+    try:
+        sipp = start_sipp(tmp_path, "server_bye.xml", sip_port, keys=_call_keys(peer))
+        call_id = _live_call(server)["id"]
+        time.sleep(1.0)
+        status, record = http_json("DELETE", f"{server.url}/v1/calls/{call_id}")
+        assert status == 200
+        assert sipp.wait(30) == 0, sipp.errors()
+    finally:
+        peer.stop()
+    assert record["end_reason"] == "hangup"
+    _idle(server)
+
+
+def test_hold_stops_sending_and_resume_restarts(served: tuple[Served, int], tmp_path: Path) -> None:
+    server, sip_port = served
+    peer = RtpPeer("PCMU", 20, band_limited_noise(1.0))
+    try:
+        sipp = start_sipp(tmp_path, "hold.xml", sip_port, duration_ms=2000, keys=_call_keys(peer))
+        states = []
+        deadline = time.monotonic() + 8.0
+        while sipp.process.poll() is None and time.monotonic() < deadline:
+            _, body = server.get("/v1/calls")
+            states += [c["state"] for c in body["calls"]]
+            time.sleep(0.1)
+        assert sipp.wait(30) == 0, sipp.errors()
+    finally:
+        peer.stop()
+    assert "held" in states
+    assert states[-1] == "live"
+    arrivals = [h.arrival_s for h in peer.heard]
+    longest_gap = max(b - a for a, b in itertools.pairwise(arrivals))
+    assert 1.5 < longest_gap < 2.6, f"no silence while held: longest gap {longest_gap:.2f} s"
+    _idle(server)
