@@ -11,6 +11,8 @@ export class ApiError extends Error {
   }
 }
 
+const REQUEST_TIMEOUT_MS = 8000;
+
 const REFUSALS = {
   engine_full: "server-full",
   engine_draining: "engine-draining",
@@ -39,6 +41,7 @@ export class Api {
         body: body === undefined ? undefined : JSON.stringify(body),
         cache: "no-store",
         keepalive: method === "DELETE", // a hang-up still reaches the server as the tab closes
+        signal: AbortSignal.timeout(REQUEST_TIMEOUT_MS),
       });
     } catch (err) {
       throw new ApiError("unreachable", "the Cadence server does not answer");
@@ -62,7 +65,9 @@ export class Api {
   // /healthz answers 503 with a body while the engine is down: that is a state, not an error.
   async health() {
     try {
-      const res = await fetch("/healthz", { cache: "no-store" });
+      const res = await fetch("/healthz", {
+        cache: "no-store", signal: AbortSignal.timeout(REQUEST_TIMEOUT_MS),
+      });
       return await res.json();
     } catch (err) {
       return { status: "unreachable", engine: "unreachable" };

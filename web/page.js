@@ -18,6 +18,7 @@ const panel = new Panel(document);
 let config = null;
 let session = null;
 let recordTimer = null;
+let polling = false;
 
 const page = { state: "idle", notice: null, meters, panel, get session() { return session; } };
 window.cadence = page;
@@ -132,7 +133,8 @@ function onConnection(s, state) {
 }
 
 async function pollRecord(s) {
-  if (s !== session) return;
+  if (s !== session || polling) return; // one poll at a time, even when the server is slow
+  polling = true;
   try {
     panel.browser(await s.stats());
     panel.record(await api.callRecord(s.id));
@@ -144,12 +146,14 @@ async function pollRecord(s) {
       endCall(kind, true, extra);
       return;
     }
-    // no record at all: ask the server whether it is still there
+    // unreachable: the connection's own state says whether the network is lost
+    if (err.kind !== "not-found") return;
     const health = await api.health();
     panel.health(health);
     if (health.status === "ok") endCall("call-ended", true);
-    else if (health.status === "unreachable") endCall("unreachable", true, "The call ended.");
     else endCall("engine-down", true, `Engine ${health.engine}: the call ended.`);
+  } finally {
+    polling = false;
   }
 }
 

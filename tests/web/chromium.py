@@ -11,7 +11,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from playwright.sync_api import Browser, sync_playwright
+from playwright.sync_api import Browser, BrowserType, sync_playwright
 
 CHROMIUM = Path("/usr/bin/chromium")
 WAV_RATE = 48000
@@ -59,14 +59,17 @@ def chromium_args(wav: Path, fake_mic_ui: bool = True) -> list[str]:
     return args
 
 
+def launch(browser_type: BrowserType, wav: Path, fake_mic_ui: bool = True) -> Browser:
+    """Another Chromium from a running Playwright (one Playwright per thread is allowed)."""
+    return browser_type.launch(executable_path=str(CHROMIUM), args=chromium_args(wav, fake_mic_ui))
+
+
 @contextmanager
 def chromium(wav: Path, fake_mic_ui: bool = True) -> Iterator[Browser]:
     if not CHROMIUM.exists():
         pytest.skip("needs Debian's chromium (apt-get install -y chromium)")
     with sync_playwright() as p:
-        browser = p.chromium.launch(
-            executable_path=str(CHROMIUM), args=chromium_args(wav, fake_mic_ui)
-        )
+        browser = launch(p.chromium, wav, fake_mic_ui)
         try:
             yield browser
         finally:

@@ -21,7 +21,7 @@ from playwright.sync_api import Browser, BrowserContext, Page
 from playwright.sync_api import TimeoutError as PlaywrightTimeout
 
 from tests.support.server import Served, children_of, http_json, start_serve, stop_serve
-from tests.web.chromium import chromium, tone_bursts
+from tests.web.chromium import chromium, launch, tone_bursts
 
 REPO = Path(__file__).resolve().parents[2]
 ARTIFACTS = REPO / "artifacts"
@@ -114,12 +114,13 @@ def best_lag_correlation(trace: list[list[float]], max_lag: int = 50) -> tuple[f
     return scores[lag], lag
 
 
-def engine_pid(served: Served) -> int:
+def child_pid(served: Served, role: str) -> int:
+    """The pid of serve's `cadence engine` or `cadence gateway` child."""
     for pid in children_of(served.process.pid):
         cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
-        if "cadence engine" in cmdline:
+        if f"cadence {role}" in cmdline:
             return pid
-    raise AssertionError("serve has no engine child")
+    raise AssertionError(f"serve has no {role} child")
 
 
 def test_a_call_echoes_meets_deadlines_and_hangs_up(pages: Pages, served: Served) -> None:
@@ -182,7 +183,7 @@ def test_a_full_server_is_explained_and_the_call_goes_through_later(
 def test_a_dead_engine_ends_the_call_with_a_clear_message(pages: Pages, served: Served) -> None:
     page = pages.open(served.url)
     call_live(page)
-    os.kill(engine_pid(served), signal.SIGKILL)
+    os.kill(child_pid(served, "engine"), signal.SIGKILL)
     text = wait_notice(page, "engine-down")
     assert "engine is down" in text
     assert page.evaluate("window.cadence.state") == "ended"
@@ -226,3 +227,35 @@ def test_a_token_protected_server_asks_for_the_token(pages: Pages, served: Serve
     assert len(live_calls(served, TOKEN)) == 1
     page.click("#hangup")
     wait_calls_empty(served, TOKEN)
+
+
+def test_a_blocked_microphone_is_explained(
+    browser: Browser, served: Served, tmp_path: Path
+) -> None:
+    wav = tone_bursts(tmp_path / "bursts.wav", seconds=2.0)
+    denying = launch(browser.browser_type, wav, fake_mic_ui=False)  # getUserMedia is refused
+    try:
+        page = Pages(denying).open(served.url)
+        page.click("#call")
+        assert "Microphone blocked" in wait_notice(page, "mic-denied")
+        assert page.evaluate("window.cadence.state") == "idle"
+    finally:
+        denying.close()
+    assert live_calls(served) == []
+
+
+def test_a_network_outage_is_shown_and_the_call_recovers(pages: Pages, served: Served) -> None:
+    page = pages.open(served.url)
+    call_live(page)
+    gateway = child_pid(served, "gateway")
+    os.kill(gateway, signal.SIGSTOP)  # no packets, no answers: to the browser, the network is gone
+    try:
+        text = wait_notice(page, "network-unstable", timeout_ms=30_000)
+    finally:
+        os.kill(gateway, signal.SIGCONT)
+    assert "interrupted" in text
+    page.wait_for_function("window.cadence.panel.values.connection === 'connected'", timeout=30_000)
+    page.wait_for_selector("#notice", state="hidden", timeout=10_000)
+    assert page.evaluate("window.cadence.state") == "live"
+    page.click("#hangup")
+    wait_calls_empty(served)
