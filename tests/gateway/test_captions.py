@@ -27,13 +27,7 @@ from gateway.media.jitter import JitterConfig
 from gateway.media.opus import OpusDecoder
 from gateway.media.uplink import Uplink
 from gateway.webrtc import CAPTIONS_LABEL, OPUS_RATE, PACKET_SAMPLES, answer
-
-CORPUS = [
-    "the model hears and speaks at once",
-    "every deadline of eighty milliseconds is met",
-    "hello there how are you today",
-    "captions show what the model says while it speaks",
-] * 20
+from tests.support.tokenizer import train_tiny_tokenizer
 
 
 class TableCaptioner:
@@ -53,15 +47,7 @@ def steps(*text_tokens: int, codes: int = 8) -> list[NDArray[np.int32]]:
 
 @pytest.fixture(scope="module")
 def spm_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    import sentencepiece
-
-    root = tmp_path_factory.mktemp("spm")
-    corpus = root / "corpus.txt"
-    corpus.write_text("\n".join(CORPUS))
-    sentencepiece.SentencePieceTrainer.train(
-        input=str(corpus), model_prefix=str(root / "tiny"), vocab_size=40, minloglevel=2
-    )
-    return root / "tiny.model"
+    return train_tiny_tokenizer(tmp_path_factory.mktemp("spm"))
 
 
 def test_sentencepiece_captioner_turns_tokens_back_into_the_words(spm_model: Path) -> None:

@@ -21,6 +21,7 @@ from playwright.sync_api import Browser, BrowserContext, Page
 from playwright.sync_api import TimeoutError as PlaywrightTimeout
 
 from tests.support.server import Served, children_of, http_json, start_serve, stop_serve
+from tests.support.tokenizer import train_tiny_tokenizer
 from tests.web.chromium import chromium, launch, tone_bursts
 
 REPO = Path(__file__).resolve().parents[2]
@@ -259,3 +260,27 @@ def test_a_network_outage_is_shown_and_the_call_recovers(pages: Pages, served: S
     assert page.evaluate("window.cadence.state") == "live"
     page.click("#hangup")
     wait_calls_empty(served)
+
+
+def test_with_a_tokenizer_the_page_opens_the_captions_channel(pages: Pages, tmp_path: Path) -> None:
+    tokenizer = train_tiny_tokenizer(tmp_path)
+    served = start_serve(tmp_path / "serve.log", f"--captions-tokenizer={tokenizer}")
+    try:
+        assert served.get("/v1/config")[1]["captions"] is True
+        page = pages.open(served.url)
+        assert page.get_attribute("#captions", "data-state") == "waiting"
+        assert page.is_visible(".caption-waiting")
+        call_live(page)
+        call_id = page.evaluate("window.cadence.session.id")
+        deadline = time.monotonic() + 20
+        while (record := served.get(f"/v1/calls/{call_id}")[1])["captions"]["channel"] != "open":
+            assert time.monotonic() < deadline, f"the captions channel did not open: {record}"
+            time.sleep(0.2)
+        # the echo model emits no tokens: the channel stays open and silent
+        page.wait_for_function("window.cadence.panel.values.met >= 25", timeout=20_000)
+        assert served.get(f"/v1/calls/{call_id}")[1]["captions"]["pieces"] == 0
+        assert page.inner_text("#caption-text") == ""
+        page.click("#hangup")
+        wait_calls_empty(served)
+    finally:
+        stop_serve(served)
