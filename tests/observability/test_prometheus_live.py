@@ -61,6 +61,8 @@ class Incident:
     responses: dict[str, Any]  # gateway path -> JSON body, taken while the calls were live
     refusal: str
     results: list[CallResult]
+    alert_before: list[dict[str, Any]]  # the page alert's expression just before the stall
+    alert_data_before: list[dict[str, Any]]  # the same without its thresholds
 
 
 @dataclass
@@ -99,7 +101,14 @@ def eventually(check: Callable[[], T | None], what: str, timeout_s: float = 20.0
         time.sleep(0.25)
 
 
-async def run_incident(served: Served, control: str, gateway_pid: int) -> Incident:
+def alert_query(prometheus: Prometheus, name: str) -> str:
+    query: str = next(r for r in prometheus.rules() if r.get("name") == name)["query"]
+    return query
+
+
+async def run_incident(
+    served: Served, prometheus: Prometheus, control: str, gateway_pid: int
+) -> Incident:
     loop = asyncio.get_running_loop()
     responses: dict[str, Any] = {}
 
@@ -127,6 +136,9 @@ async def run_incident(served: Served, control: str, gateway_pid: int) -> Incide
         await place_call(served.url, noise, 0.0)
 
     before = await live()
+    page = alert_query(prometheus, FIRING_ALERT)
+    alert_before = await loop.run_in_executor(None, prometheus.query, page)
+    alert_data = await loop.run_in_executor(None, prometheus.query, without_thresholds(page))
     assert await loop.run_in_executor(None, stall_engine, control, STALL_S) == {"ok": True}
     await asyncio.sleep(STALL_S + 0.5)
     after_stall = await live()
@@ -140,7 +152,15 @@ async def run_incident(served: Served, control: str, gateway_pid: int) -> Incide
     await get(f"/v1/calls/{next(iter(after_freeze))}")
     results = await asyncio.gather(*calls)
     return Incident(
-        started_s, before, after_stall, after_freeze, responses, str(refused.value), results
+        started_s,
+        before,
+        after_stall,
+        after_freeze,
+        responses,
+        str(refused.value),
+        results,
+        alert_before,
+        alert_data,
     )
 
 
@@ -160,7 +180,7 @@ def observed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Observed]:
             _, engine_argv = children["engine"]
             control = engine_argv[engine_argv.index("--control") + 1]
             gateway_pid, _ = children["gateway"]
-            incident = asyncio.run(run_incident(served, control, gateway_pid))
+            incident = asyncio.run(run_incident(served, prometheus, control, gateway_pid))
             # the last scrape after the calls ended, and a rule evaluation after it
             eventually(
                 lambda: prometheus.value("sum(cadence_gateway_calls_total)") >= CALLS,
@@ -222,8 +242,10 @@ def test_the_miss_counters_and_the_burn_rate_alert_see_the_stall(observed: Obser
     assert misses >= CALLS * MIN_MISSES
     assert prometheus.value("sum(cadence_engine_deadline_misses_total)") >= MIN_MISSES
     assert prometheus.value("sum(cadence_engine_underruns_total)") >= CALLS * MIN_UNDERRUNS
-    alert = next(r for r in prometheus.rules() if r.get("name") == FIRING_ALERT)
-    series = eventually(lambda: prometheus.query(alert["query"]), "the alert expression")
+    assert observed.incident.alert_data_before, "the alert's ratios had data before the stall"
+    assert observed.incident.alert_before == [], "and the alert did not fire on healthy calls"
+    page = alert_query(prometheus, FIRING_ALERT)
+    series = eventually(lambda: prometheus.query(page), "the alert expression")
     assert {s["metric"]["instance"] for s in series} == {
         f"127.0.0.1:{observed.served.metrics_port}"
     }
