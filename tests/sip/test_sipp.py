@@ -7,12 +7,14 @@ from __future__ import annotations
 import itertools
 import logging
 import time
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from gateway.rtp.g711 import ulaw_encode
 from tests.sip.peer import RtpPeer, band_limited_noise, echo_delay
 from tests.sip.sipp import run_sipp, start_sipp
 from tests.support.server import Served, free_port, http_json, start_serve, stop_serve
@@ -21,6 +23,7 @@ log = logging.getLogger(__name__)
 
 MAX_SERVER_DELAY_S = 0.35  # jitter buffer + framing + one echo tick + pacing, with slack
 CODECS = {"PCMU": "0", "PCMA": "8"}
+CONCURRENT = 50
 
 
 @pytest.fixture(scope="module")
@@ -168,4 +171,95 @@ def test_hold_stops_sending_and_resume_restarts(served: tuple[Served, int], tmp_
     arrivals = [h.arrival_s for h in peer.heard]
     longest_gap = max(b - a for a, b in itertools.pairwise(arrivals))
     assert 1.5 < longest_gap < 2.6, f"no silence while held: longest gap {longest_gap:.2f} s"
+    _idle(server)
+
+
+def test_fifty_concurrent_calls_meet_every_deadline(
+    served: tuple[Served, int], tmp_path: Path
+) -> None:
+    server, sip_port = served
+    tmp_path.mkdir(exist_ok=True)
+    (tmp_path / "audio.pcmu").write_bytes(ulaw_encode(band_limited_noise(1.0)))
+    before = server.engine_metrics()
+    sipp = start_sipp(
+        tmp_path,
+        "load.xml",
+        sip_port,
+        calls=CONCURRENT,
+        duration_ms=5000,
+        extra=("-l", str(CONCURRENT), "-r", "25"),
+    )
+    peak = 0
+    while sipp.process.poll() is None:
+        _, health = server.get("/healthz")  # cheap: GET /v1/calls would cost the pump CPU
+        peak = max(peak, health["calls"])
+        time.sleep(0.2)
+    assert sipp.wait(60) == 0, sipp.errors()
+    after = server.engine_metrics()
+    misses = "cadence_engine_deadline_misses_total"
+    ticks = "cadence_engine_call_ticks_total"
+    log.info(
+        "%d calls (peak %d live): %d call-ticks, %d deadline misses",
+        CONCURRENT,
+        peak,
+        after[ticks] - before[ticks],
+        after[misses] - before[misses],
+    )
+    assert peak == CONCURRENT
+    assert after[misses] == before[misses]
+    assert after[ticks] - before[ticks] >= CONCURRENT * 4.0 / 0.08
+    played = _gateway_counter(
+        server, 'cadence_gateway_packets_total{outcome="played",transport="sip"}'
+    )
+    assert played >= CONCURRENT * 4.0 / 0.02, "SIPp's RTP reached the jitter buffers"
+    _idle(server)
+
+
+def _gateway_counter(served: Served, series: str) -> float:
+    with urllib.request.urlopen(f"{served.url}/metrics") as r:
+        for line in r.read().decode().splitlines():
+            if line.startswith(series + " "):
+                return float(line.rsplit(" ", 1)[1])
+    raise AssertionError(f"{series} not exported")
+
+
+def test_full_engine_answers_503_with_retry_after(tmp_path: Path) -> None:
+    sip_port = free_port()
+    server = start_serve(
+        tmp_path / "serve.log", "--slots=1", f"--sip-port={sip_port}", "--rtp-ports=42000-42099"
+    )
+    peer = RtpPeer("PCMA", 20, band_limited_noise(1.0))
+    try:
+        holder = start_sipp(tmp_path / "holder", "server_bye.xml", sip_port, keys=_call_keys(peer))
+        call_id = _live_call(server)["id"]
+        refused = run_sipp(tmp_path / "refused", "busy.xml", sip_port)
+        assert refused.process.returncode == 0, refused.errors()
+        assert http_json("DELETE", f"{server.url}/v1/calls/{call_id}")[0] == 200
+        assert holder.wait(30) == 0, holder.errors()
+        assert (
+            _gateway_counter(server, 'cadence_gateway_admission_refusals_total{reason="full"}') == 1
+        )
+        _idle(server)
+    finally:
+        peer.stop()
+        stop_serve(server)
+
+
+def test_call_over_tcp(served: tuple[Served, int], tmp_path: Path) -> None:
+    server, sip_port = served
+    peer = RtpPeer("PCMU", 20, band_limited_noise(3.0))
+    try:
+        sipp = run_sipp(
+            tmp_path,
+            "call.xml",
+            sip_port,
+            duration_ms=3000,
+            keys=_call_keys(peer),
+            extra=("-t", "t1"),
+        )
+        assert sipp.process.returncode == 0, sipp.errors()
+    finally:
+        peer.stop()
+    peak, _ = echo_delay(peer)
+    assert peak > 0.8
     _idle(server)
