@@ -136,15 +136,22 @@ class Caller:
         credentials: digest.Credentials | None = None,
         proxy: Address | None = None,
         transport: str = "udp",
+        from_uri: str | None = None,
     ) -> tuple[str, list[Output]]:
-        """Place a call; returns its Call-ID and the INVITE to send."""
+        """Place a call; returns its Call-ID and the INVITE to send.
+
+        `proxy` (the trunk) receives every request of the call; without it the target URI
+        must name a SIP host. `from_uri` is the caller identity a trunk shows (default: our
+        user at our address). A malformed URI raises SipParseError.
+        """
         target = parse_uri(uri)
         host = self.config.address[0]
+        caller = parse_uri(from_uri or f"sip:{self.config.user}@{host}")
         call_id = f"{self._token()}@{host}"
         headers = (
             ("Via", str(self._via(transport))),
             ("Max-Forwards", "70"),
-            ("From", f"<sip:{self.config.user}@{host}>;tag={self._token()}"),
+            ("From", f"<{caller}>;tag={self._token()}"),
             ("To", f"<{target}>"),
             ("Call-ID", call_id),
             ("CSeq", "1 INVITE"),
@@ -203,7 +210,7 @@ class Caller:
                 call.dialog.learn_from_response(response)
             if call.hangup_requested and not call.cancelled:
                 return self._cancel(call, now)
-            if status in (180, 183) and not call.ringing:
+            if status in (180, 183) and not call.ringing and not call.reported:
                 call.ringing = True
                 out.append(CallRinging(call.call_id, status))
             return out
