@@ -29,7 +29,7 @@ CORPUS = [
     p.read_bytes()
     for p in sorted(HERE.glob("samples/*.sip")) + sorted(HERE.glob("torture/*/*.sip"))
 ]
-FAST = settings(max_examples=250, deadline=None, derandomize=True)
+FAST = settings(max_examples=250, deadline=None, derandomize=True, database=None)
 HEADERS = [
     "Via", "From", "To", "Call-ID", "CSeq", "Contact", "Route", "Record-Route", "Require",
     "Supported", "Allow", "Session-Expires", "Min-SE", "Content-Type", "Max-Forwards", "Expires",
@@ -144,7 +144,11 @@ def drain(agent: Agent, now: float) -> list[Output]:
 
 
 @settings(
-    max_examples=150, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow]
+    max_examples=150,
+    deadline=None,
+    derandomize=True,
+    database=None,
+    suppress_health_check=[HealthCheck.too_slow],
 )
 @given(
     st.lists(
@@ -217,7 +221,11 @@ def in_dialog(method: str, seq: int, branch: str, to_tag: str | None, body: byte
 
 
 @settings(
-    max_examples=200, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow]
+    max_examples=200,
+    deadline=None,
+    derandomize=True,
+    database=None,
+    suppress_health_check=[HealthCheck.too_slow],
 )
 @given(
     st.lists(
@@ -292,7 +300,11 @@ def peer_response(invite: Request, status: int, tag: str | None, timer: bool) ->
 
 
 @settings(
-    max_examples=200, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow]
+    max_examples=200,
+    deadline=None,
+    derandomize=True,
+    database=None,
+    suppress_health_check=[HealthCheck.too_slow],
 )
 @given(
     st.lists(
