@@ -20,7 +20,9 @@ let session = null;
 let recordTimer = null;
 let polling = false;
 
-const page = { state: "idle", notice: null, meters, panel, get session() { return session; } };
+const page = {
+  state: "idle", notice: null, notices: [], meters, panel, get session() { return session; },
+};
 window.cadence = page;
 
 // What the person reads for each way a call fails or ends; `action` labels the button.
@@ -34,6 +36,7 @@ const NOTICES = {
   "engine-draining": { tone: "warn", action: "Try again", text: "The server is restarting and takes no new calls." },
   "engine-down": { tone: "bad", action: "Call again", text: "The speech engine is down." },
   "unreachable": { tone: "bad", action: "Try again", text: "The Cadence server does not answer." },
+  "engine-back": { tone: "", action: "Call again", text: "The speech engine is back." },
   "unauthorized": { tone: "warn", action: null, text: "This server needs an access token: enter it below." },
   "network-unstable": { tone: "warn", action: null, text: "Connection interrupted: trying to recover…" },
   "network-lost": { tone: "bad", action: "Reconnect", text: "Network lost: the call's connection failed." },
@@ -54,6 +57,7 @@ function notify(kind, extra = "") {
   page.notice = kind;
   if (!kind) { box.hidden = true; box.dataset.kind = ""; return; }
   const n = NOTICES[kind] || NOTICES.failed;
+  page.notices.push(kind);
   box.hidden = false;
   box.dataset.kind = kind;
   box.dataset.tone = n.tone;
@@ -169,14 +173,19 @@ async function endCall(kind, serverKnows, extra = "") {
   await s.hangup(serverKnows);
 }
 
+// Between calls the engine's health is the notice; after a call ended because the engine
+// went down, that notice stays until the engine is back, then says so.
 async function pollHealth() {
   const health = await api.health();
   panel.health(health);
   if (session) return;
-  const idleDown = page.notice === "engine-down" || page.notice === "unreachable" || !page.notice;
-  if (health.status === "ok" && idleDown && page.state === "idle") notify(null);
-  else if (health.status === "unreachable" && idleDown) notify("unreachable");
-  else if (health.status !== "ok" && idleDown) notify("engine-down", `Engine ${health.engine}: calls cannot start until it is back.`);
+  const down = page.notice === "engine-down" || page.notice === "unreachable";
+  if (health.status === "ok") {
+    if (down) notify(page.state === "idle" ? null : "engine-back");
+  } else if (!page.notice || page.notice === "engine-back") {
+    if (health.status === "unreachable") notify("unreachable");
+    else notify("engine-down", `Engine ${health.engine}: calls cannot start until it is back.`);
+  }
 }
 
 function readToken() {

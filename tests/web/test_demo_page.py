@@ -185,11 +185,17 @@ def test_a_dead_engine_ends_the_call_with_a_clear_message(pages: Pages, served: 
     page = pages.open(served.url)
     call_live(page)
     os.kill(child_pid(served, "engine"), signal.SIGKILL)
-    text = wait_notice(page, "engine-down")
-    assert "engine is down" in text
+    page.wait_for_function("window.cadence.notices.includes('engine-down')", timeout=20_000)
     assert page.evaluate("window.cadence.state") == "ended"
     assert page.is_visible("#call")
     assert served.get("/v1/calls") == (200, {"calls": []})
+
+    # serve restarts its engine; the page notices, and the next call goes through
+    assert "engine is back" in wait_notice(page, "engine-back", timeout_ms=60_000)
+    page.click("#notice-action")
+    page.wait_for_function("window.cadence.state === 'live'", timeout=LIVE_WAIT_MS)
+    page.click("#hangup")
+    wait_calls_empty(served)
 
 
 AUTH_SERVE_ARGS = (
