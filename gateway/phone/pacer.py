@@ -14,15 +14,27 @@ import logging
 import math
 import time
 from collections.abc import Callable
+from typing import Protocol
 
 from gateway.media.clock import PumpGrid
-from gateway.phone.rtp import RtpStream
 
 log = logging.getLogger(__name__)
 
 INSTANT_S = 0.01  # the common divisor of every G.711 packet time
 SEND_OFFSET_S = 0.002  # after the pump that reads the engine's output
 IDLE_S = 0.1  # how often to look for streams when there are none
+
+
+class PacedStream(Protocol):
+    """What the pacer needs of a stream (gateway/phone/rtp.py `RtpStream`)."""
+
+    call_id: str
+    packet_ms: int  # a multiple of 10
+    next_instant: int | None  # the pacer's bookkeeping: 10 ms instant of the next packet
+
+    def skip(self, packets: int) -> None: ...
+
+    def send_packet(self) -> None: ...
 
 
 def instant_index(grid: PumpGrid, now_s: float) -> int:
@@ -38,9 +50,9 @@ def instant_time(grid: PumpGrid, index: int) -> float:
 class RtpPacer:
     def __init__(self, grid: Callable[[], PumpGrid]) -> None:
         self._grid = grid  # read at each wake-up: the grid is replaced when the engine restarts
-        self.streams: dict[str, RtpStream] = {}
+        self.streams: dict[str, PacedStream] = {}
 
-    def add(self, stream: RtpStream) -> None:
+    def add(self, stream: PacedStream) -> None:
         self.streams[stream.call_id] = stream
 
     def remove(self, call_id: str) -> None:

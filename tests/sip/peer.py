@@ -42,6 +42,7 @@ class RtpPeer:
     heard: list[Heard] = field(default_factory=list)
     sent_at: list[float] = field(default_factory=list)  # monotonic send time of each packet
     gateway: tuple[str, int] | None = None
+    mute: bool = False  # a dead phone: hears but never sends
 
     def __post_init__(self) -> None:
         self.sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
@@ -87,6 +88,8 @@ class RtpPeer:
             )
 
     def _send(self) -> None:
+        if self.mute:
+            return
         while self.gateway is None:
             if self._stop.wait(0.005):
                 return

@@ -24,6 +24,7 @@ log = logging.getLogger(__name__)
 MAX_SERVER_DELAY_S = 0.35  # jitter buffer + framing + one echo tick + pacing, with slack
 CODECS = {"PCMU": "0", "PCMA": "8"}
 CONCURRENT = 50
+RTP_TIMEOUT_S = 3.0
 
 
 @pytest.fixture(scope="module")
@@ -36,6 +37,7 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Served, i
         f"--sip-port={sip_port}",
         "--rtp-ports=41000-41999",
         "--sip-ring-ms=300",
+        f"--rtp-timeout-s={RTP_TIMEOUT_S}",
     )
     yield served, sip_port
     if served.process.poll() is None:
@@ -149,6 +151,21 @@ def test_api_hangup_sends_bye(served: tuple[Served, int], tmp_path: Path) -> Non
     finally:
         peer.stop()
     assert record["end_reason"] == "hangup"
+    _idle(server)
+
+
+def test_silent_peer_is_hung_up(served: tuple[Served, int], tmp_path: Path) -> None:
+    server, sip_port = served
+    peer = RtpPeer("PCMU", 20, band_limited_noise(1.0), mute=True)
+    try:
+        sipp = start_sipp(tmp_path, "server_bye.xml", sip_port, keys=_call_keys(peer))
+        call_id = _live_call(server)["id"]
+        assert sipp.wait(30) == 0, sipp.errors()  # it got the gateway's BYE
+    finally:
+        peer.stop()
+    record = _final_record(server, call_id)
+    assert record["end_reason"] == "rtp_timeout"
+    assert RTP_TIMEOUT_S <= record["duration_s"] < RTP_TIMEOUT_S + 2.0
     _idle(server)
 
 
