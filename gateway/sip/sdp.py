@@ -2,9 +2,10 @@
 
 Cadence speaks PCMU (payload type 0) and PCMA (8) at 8 kHz with RFC 4733 telephone-event. An
 answer keeps the caller's order of preference among those, echoes the caller's telephone-event
-payload type number (SIPp offers 96, Asterisk and browsers 101), accepts the first usable audio
-stream and rejects every other m-line with port 0 as RFC 3264 section 6 requires. Hold is a
-direction attribute (sendonly/inactive) or, from older phones, a 0.0.0.0 connection address.
+payload type number (101 from Asterisk, browsers and SIPp's uac_pcap; 96 and others from
+custom scenarios and trunks), accepts the first usable audio stream and rejects every other
+m-line with port 0 as RFC 3264 section 6 requires. Hold is a direction attribute
+(sendonly/inactive) or, from older phones, a 0.0.0.0 connection address.
 """
 
 from __future__ import annotations

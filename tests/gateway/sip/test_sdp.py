@@ -30,7 +30,8 @@ def answered(sdp: SessionDescription) -> tuple[SessionDescription, AudioStream |
     return answer(sdp, ORIGIN, "10.0.0.2", 30000)
 
 
-def test_sipp_pcma_with_event_96_and_30ms() -> None:
+def test_sipp_scenario_pcma_with_event_96_and_30ms() -> None:
+    """A custom SIPp scenario that declares telephone-event as 96 gets 96 back."""
     sdp, stream = answered(offered("sipp_invite.sip"))
     assert stream == AudioStream(8, "PCMA", 96, 30, "10.0.0.1", 6000, "sendrecv")
     media = sdp.media[0]
