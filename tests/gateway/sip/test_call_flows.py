@@ -233,3 +233,44 @@ def test_outbound_call_nobody_answers_is_cancelled() -> None:
     assert wire.of(uas, CallEnded) == [CallEnded(call_id, "cancelled")]
     wire.advance(100)
     assert uac.live_transactions() == uas.live_transactions() == 0
+
+
+def test_missing_ack_ends_the_call_with_bye_after_64_t1() -> None:
+    uac, uas, wire = pair()
+
+    def drop_ack(source: Address, item: Outgoing) -> bool:
+        return item.data.startswith(b"ACK")
+
+    wire.drop = drop_ack
+    call_id = dial(uac, wire)
+    answer_call(uas, wire, call_id)
+    wire.advance(31.9)
+    assert wire.of(uas, CallEnded) == []
+    # T1 doubling to T2: 0.5, 1, 2, 4, 4, ... within 32 s
+    assert wire.sent(uas).count("SIP/2.0 200 OK") == 1 + 10
+    wire.advance(32.1)
+    assert wire.of(uas, CallEnded) == [CallEnded(call_id, "no_ack")]
+    assert wire.of(uac, CallEnded) == [CallEnded(call_id, "remote_hangup")]
+
+
+def test_call_over_tcp_has_no_retransmissions_and_no_lingering_transactions() -> None:
+    uac, uas, wire = pair()
+    sdp = offer(Origin("uac", 1, 1, "127.0.0.1"), "127.0.0.1", 40000)
+    call_id, out = uac.dial(UAS_URI, sdp, wire.now, transport="tcp")
+    [invite] = out
+    assert isinstance(invite, Outgoing)
+    assert invite.transport == "tcp"
+    assert b"Via: SIP/2.0/TCP 127.0.0.1:5060;" in invite.data
+    assert b"Contact: <sip:cadence@127.0.0.1:5060;transport=tcp>" in invite.data
+    wire.take(uac, out)
+    wire.pump()
+    answer_call(uas, wire, call_id)
+    wire.advance(20)
+    assert wire.sent(uac).count(f"INVITE {UAS_URI} SIP/2.0") == 1
+    assert wire.sent(uas).count("SIP/2.0 200 OK") == 1
+    wire.take(uac, uac.hangup(call_id, wire.now))
+    wire.pump()
+    wire.advance(wire.now + 0.001)  # timers J and K are zero over a reliable transport,
+    assert (uac.live_transactions(), uas.live_transactions()) == (1, 1)  # so only the INVITEs
+    wire.advance(32.001)  # stay, Accepted until timers M and L (64*T1 on any transport)
+    assert (uac.live_transactions(), uas.live_transactions()) == (0, 0)
