@@ -72,6 +72,11 @@ def test_options_is_answered_with_capabilities() -> None:
         ("esc02", 501),
         ("escnull", 405),
         ("dblreq", 405),
+        ("zeromf", 200),  # Max-Forwards 0 only stops a proxy; we are the destination
+        ("badbranch", 200),
+        ("cparam02", 405),
+        ("regaut01", 405),
+        ("mpart01", 405),
     ],
 )
 def test_torture_requests_get_the_right_response(name: str, status: int) -> None:
@@ -84,6 +89,18 @@ def test_wsinv_has_a_to_tag_so_it_names_an_unknown_dialog() -> None:
     out = agent.receive(torture("wsinv"), ("192.0.2.2", 5060), "udp", 0.0)
     assert statuses(out) == [481]
     assert agent.live_dialogs() == 0
+
+
+@pytest.mark.parametrize("name", ["sdp01", "baddate"])
+def test_acceptable_torture_invites_become_calls(name: str) -> None:
+    out = cadence().receive(torture(name), ("192.0.2.1", 5060), "udp", 0.0)
+    assert statuses(out) == [100]
+    assert len([o for o in out if isinstance(o, IncomingCall)]) == 1
+
+
+def test_broadcast_via_response_is_a_stray() -> None:
+    out = cadence().receive(torture("bcast"), ("192.0.2.198", 5060), "udp", 0.0)
+    assert out == [MessageDropped(("192.0.2.198", 5060), "stray response")]
 
 
 def test_malformed_request_gets_400_and_is_counted() -> None:

@@ -50,7 +50,7 @@ def test_invalid_torture_messages_raise(path: Path) -> None:
 
 
 def test_torture_corpus_is_complete() -> None:
-    assert (len(VALID), len(INVALID)) == (20, 20)
+    assert (len(VALID), len(INVALID)) == (28, 21)  # RFC 4475 section 3.1: 49 messages
 
 
 def test_sipp_invite_fields() -> None:
