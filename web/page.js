@@ -46,7 +46,7 @@ const NOTICES = {
 
 // Why the server ended a call (its record's end_reason) -> the notice to show.
 const END_REASONS = {
-  engine_down: ["engine-down", "The call ended; the server restarts the engine by itself."],
+  engine_down: ["engine-down", "The call ended."],
   gateway_stopping: ["engine-draining", "The call ended."],
   peer_failed: ["network-lost", ""],
   hangup: ["call-ended", ""],

@@ -1,7 +1,8 @@
 """Real Chromium for page tests: a fake microphone fed from a WAV file, driven by Playwright.
 
 Chromium comes from Debian (/usr/bin/chromium); Playwright's own browser download is not used.
-Tests skip, not fail, where neither is installed, so the rest of the suite runs anywhere.
+Tests skip where chromium is missing (and tests/web/conftest.py leaves them out without
+Playwright), so the rest of the suite runs anywhere.
 """
 
 import wave
