@@ -1,4 +1,4 @@
-"""The `cadence` command: serve (engine + gateway), engine, gateway, infer.
+"""The `cadence` command: serve (engine + gateway), engine, gateway, infer, bench.
 
 The only place that reads command-line arguments; it builds each process's typed config and
 hands it over.
@@ -191,12 +191,26 @@ def build_parser() -> argparse.ArgumentParser:
         "--engine-control", type=Path, required=True, help="the engine's admission socket"
     )
 
+    bench = sub.add_parser(
+        "bench", help="measure: `cadence bench engine` holds N calls on a real engine"
+    )
+    bench_sub = bench.add_subparsers(dest="bench", required=True)
+    bench_engine = bench_sub.add_parser(
+        "engine", help="open --slots calls on a real engine for --seconds and count deadline misses"
+    )
+    _engine_options(bench_engine)
+    bench_engine.add_argument("--seconds", type=float, default=60.0, help="how long to tick")
+    bench_engine.add_argument("--json", type=Path, help="write the result here too")
+    bench_engine.add_argument(
+        "--ready-timeout", type=float, default=600.0, help="seconds to wait for the engine"
+    )
+
     infer = sub.add_parser(
         "infer", help="run a WAV file through a model offline, with the live engine's step"
     )
     add_infer_arguments(infer)
 
-    for p in (serve, engine, gateway, infer):
+    for p in (serve, engine, gateway, infer, bench_engine):
         p.add_argument("--log-level", default="info", choices=["debug", "info", "warning"])
     return parser
 
@@ -218,6 +232,10 @@ def main(argv: list[str] | None = None) -> int:
 def _dispatch(args: argparse.Namespace) -> int:
     if args.command == "infer":
         return run_infer(args)
+    if args.command == "bench":
+        from cadence.bench import bench_engine
+
+        return bench_engine(args, _engine_argv(args))
     if args.command == "serve":
         from cadence.supervise import Supervisor
 

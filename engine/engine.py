@@ -10,6 +10,7 @@ reaches the tick only through the slot table's snapshot.
 import logging
 import threading
 import time
+from collections import deque
 from dataclasses import dataclass
 from typing import Any
 
@@ -24,6 +25,7 @@ from engine.slots import Admission, SlotTable
 log = logging.getLogger(__name__)
 
 PCM_SCALE = 1.0 / 32768.0
+RECENT_TICKS = 2048  # ticks kept for the status reply's percentiles
 
 
 @dataclass(frozen=True)
@@ -55,6 +57,7 @@ class Engine:
         self.clock = TickClock(0, period_ns)
         self.ticks_run = 0
         self.ticks_missed = 0
+        self.recent_ticks_s: deque[float] = deque(maxlen=RECENT_TICKS)  # release -> published
         self.stall_next_tick_s = 0.0  # test hook: sleep this long inside the next tick
         self._call_ids = [""] * slots  # per slot, for exemplars; written by the control thread
         self._uplink_i16 = np.zeros((slots, samples), np.int16)
@@ -134,6 +137,7 @@ class Engine:
         m.phase_duration.labels("step").observe(t_stepped - t_gathered)
         m.phase_duration.labels("scatter").observe(t_scattered - t_stepped)
         duration_s = (published_ns - release_ns) / 1e9
+        self.recent_ticks_s.append(duration_s)
         m.tick_duration.observe(duration_s, self._exemplar(rows) if missed else None)
         return TickReport(tick, int(rows.size), duration_s, missed)
 
@@ -252,5 +256,19 @@ class Engine:
             "live": len(calls),
             "ticks": self.ticks_run,
             "misses": self.ticks_missed,
+            "recent_tick_ms": _tick_percentiles(self.recent_ticks_s),
             "calls": calls,
         }
+
+
+def _tick_percentiles(durations_s: deque[float]) -> dict[str, float] | None:
+    """p50 / p99 / max of the last RECENT_TICKS ticks, in milliseconds."""
+    if not durations_s:
+        return None
+    ms = np.sort(np.fromiter(durations_s, float)) * 1e3
+    return {
+        "count": int(ms.size),
+        "p50": round(float(ms[ms.size // 2]), 3),
+        "p99": round(float(ms[min(ms.size - 1, int(0.99 * ms.size))]), 3),
+        "max": round(float(ms[-1]), 3),
+    }

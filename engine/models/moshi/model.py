@@ -200,8 +200,12 @@ class MoshiModel:
 
 
 def randomize(module: nn.Module, seed: int) -> None:
-    """Seeded random weights with sensible scales (for tests and benchmarks without weights)."""
-    generator = torch.Generator().manual_seed(seed)
+    """Seeded random weights with sensible scales (for tests and benchmarks without weights).
+
+    Drawn on the module's own device (at 7B, CPU draws take minutes): a seed gives the same
+    weights on every CPU and on every GPU, but a GPU's differ from a CPU's.
+    """
+    generators: dict[torch.device, torch.Generator] = {}
     with torch.no_grad():
         for name, param in module.named_parameters():
             if name.endswith(("alpha", "norm1.weight", "norm2.weight")):
@@ -215,8 +219,11 @@ def randomize(module: nn.Module, seed: int) -> None:
                 if param.dim() == 3 and "codebooks" not in name:
                     fan_in = param.shape[1] * param.shape[2]  # convolutions
                 std = 0.02 if "codebooks" in name else fan_in**-0.5
-                values = torch.randn(param.shape, generator=generator) * std
-                param.copy_(values.to(param.dtype))
+                device = param.device
+                if device not in generators:
+                    generators[device] = torch.Generator(device=device).manual_seed(seed)
+                values = torch.randn(param.shape, generator=generators[device], device=device)
+                param.copy_((values * std).to(param.dtype))
 
 
 def build_moshi(
