@@ -21,7 +21,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from gateway.sip import session_timer
-from gateway.sip.call import Call
+from gateway.sip.call import Call, CallStateError
 from gateway.sip.caller import ALLOW
 from gateway.sip.dialog import Dialog, DialogInput
 from gateway.sip.events import (
@@ -34,7 +34,6 @@ from gateway.sip.events import (
 from gateway.sip.headers import SipParseError, SipUri, TelUri
 from gateway.sip.message import Request, Response, error_response, parse_message, response_to
 from gateway.sip.sdp import SessionDescription, answer, parse_sdp
-from gateway.sip.sdp import offer as make_offer
 from gateway.sip.transaction import (
     Address,
     Outgoing,
@@ -44,13 +43,11 @@ from gateway.sip.transaction import (
 )
 from gateway.sip.upkeep import Upkeep
 
+__all__ = ["Agent", "CallStateError"]
+
 KNOWN_METHODS = {"REGISTER", "SUBSCRIBE", "NOTIFY", "PRACK", "MESSAGE", "REFER", "PUBLISH"}
 SUPPORTED_EXTENSIONS = {"timer"}
 ServerTxn = ServerInvite | ServerNonInvite
-
-
-class CallStateError(RuntimeError):
-    """A command the call's state does not allow (answering twice, re-INVITE while ringing)."""
 
 
 class Agent(Upkeep):
@@ -156,21 +153,6 @@ class Agent(Upkeep):
         if call.uac and invite is not None and invite.state is State.PROCEEDING:
             out += self._cancel(call, now)
         return [*out, *self._report(call, "local_hangup")]
-
-    def reinvite(self, call_id: str, direction: str, now: float) -> list[Output]:
-        """Hold (sendonly/inactive) or resume (sendrecv) by re-offering our SDP."""
-        call = self.calls.get(call_id)
-        if call is None:
-            return []
-        if not call.confirmed or call.reinvite_pending() or call.local_sdp is None:
-            raise CallStateError(f"call {call_id} cannot re-INVITE now")
-        old = call.local_sdp
-        media = old.media[0]
-        origin = replace(old.origin, session_version=old.origin.session_version + 1)
-        address = media.connection or old.connection or self.config.address[0]
-        event = next((int(f) for f in media.formats if f not in ("0", "8") and f.isdigit()), 101)
-        call.local_sdp = make_offer(origin, address, media.port, direction, event)
-        return self._send_reinvite(call, direction, now)
 
     def _uas_call(self, call_id: str) -> Call | None:
         """The inbound call a command names; None once it ended (the app saw CallEnded)."""
@@ -348,6 +330,8 @@ class Agent(Upkeep):
             sdp, stream = answer(reoffer, origin, address, media.port if media else 0)
             if stream is None:
                 return self._respond(txn, 488, now, to_tag=tag)
+            if replace(sdp, origin=local.origin) == local:
+                sdp = local  # an unchanged answer keeps its o= version (RFC 3264 section 8)
             call.local_sdp, call.remote_sdp = sdp, reoffer
             if stream.direction != call.direction:
                 call.direction = stream.direction

@@ -19,6 +19,10 @@ from gateway.sip.session_timer import SessionTimer
 from gateway.sip.transaction import Address, ClientInvite, ServerInvite, State, Transaction
 
 
+class CallStateError(RuntimeError):
+    """A command the call's state does not allow (answering twice, re-INVITE while ringing)."""
+
+
 @dataclass
 class Call:
     call_id: str

@@ -1,21 +1,25 @@
 """Keeping calls alive and honest: responses to our requests and the per-call timers.
 
 `Upkeep` sits between `Caller` (our outbound requests) and `Agent` (the inbound side). It
-routes every response to the call or registration whose transaction sent the request, sends
-our re-INVITEs (hold/resume, or a session refresh when the peer lacks UPDATE) and UPDATEs,
-retransmits our 2xx until its ACK (RFC 3261 13.3.1.4), and fires the per-call deadlines: ring
-timeout, missing ACK, session refresh or expiry (RFC 4028), and transaction timeouts, each of
-which ends the call rather than leaving it, and its engine slot, behind.
+routes every response to the call or registration whose transaction sent the request; sends
+our re-INVITEs (the `reinvite` command for hold/resume, or a session refresh when the peer
+lacks UPDATE) and UPDATEs; retransmits our 2xx until its ACK (RFC 3261 13.3.1.4); and fires
+the per-call deadlines: ring timeout, missing ACK, session refresh or expiry (RFC 4028), and
+transaction timeouts, each of which ends the call rather than leaving it, and its engine
+slot, behind.
 """
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from gateway.sip import session_timer
-from gateway.sip.call import Call
+from gateway.sip.call import Call, CallStateError
 from gateway.sip.caller import ALLOW, Caller
 from gateway.sip.events import HoldChanged, MessageDropped, Output, RegistrationFailed
 from gateway.sip.headers import SipParseError
 from gateway.sip.message import Response, response_to
+from gateway.sip.sdp import offer as make_offer
 from gateway.sip.sdp import parse_sdp
 from gateway.sip.transaction import (
     Address,
@@ -102,6 +106,21 @@ class Upkeep(Caller):
         if call.session_timer is not None:
             headers.append(("Session-Expires", call.session_timer.header(we_are_uac=True)))
         return tuple(headers)
+
+    def reinvite(self, call_id: str, direction: str, now: float) -> list[Output]:
+        """Hold (sendonly/inactive) or resume (sendrecv) by re-offering our SDP."""
+        call = self.calls.get(call_id)
+        if call is None:
+            return []
+        if not call.confirmed or call.reinvite_pending() or call.local_sdp is None:
+            raise CallStateError(f"call {call_id} cannot re-INVITE now")
+        old = call.local_sdp
+        media = old.media[0]
+        origin = replace(old.origin, session_version=old.origin.session_version + 1)
+        address = media.connection or old.connection or self.config.address[0]
+        event = next((int(f) for f in media.formats if f not in ("0", "8") and f.isdigit()), 101)
+        call.local_sdp = make_offer(origin, address, media.port, direction, event)
+        return self._send_reinvite(call, direction, now)
 
     def _send_reinvite(self, call: Call, direction: str | None, now: float) -> list[Output]:
         assert call.local_sdp is not None

@@ -274,3 +274,19 @@ def test_call_over_tcp_has_no_retransmissions_and_no_lingering_transactions() ->
     assert (uac.live_transactions(), uas.live_transactions()) == (1, 1)  # so only the INVITEs
     wire.advance(32.001)  # stay, Accepted until timers M and L (64*T1 on any transport)
     assert (uac.live_transactions(), uas.live_transactions()) == (0, 0)
+
+
+def test_session_refresh_by_reinvite_when_the_peer_lacks_update() -> None:
+    uac, uas, wire = pair(session_expires=90, min_se=90)
+    call_id = dial(uac, wire)
+    answer_call(uas, wire, call_id)
+    uac.calls[call_id].peer_update = False  # as if the 200's Allow had no UPDATE
+    ours = uac.calls[call_id].local_sdp
+    theirs = uas.calls[call_id].local_sdp
+    wire.advance(100)
+    assert wire.sent(uac).count(f"INVITE {UAS_URI} SIP/2.0") == 3  # the call and 2 refreshes
+    assert not [line for line in wire.sent(uac) if line.startswith("UPDATE")]
+    assert wire.of(uas, HoldChanged) == []  # same SDP, same o= version: nothing changed
+    assert uac.calls[call_id].local_sdp == ours
+    assert uas.calls[call_id].local_sdp == theirs  # an unchanged answer keeps its version
+    assert uac.live_dialogs() == uas.live_dialogs() == 1
