@@ -7,6 +7,7 @@ hands each event to the call layer; events name calls by their SIP Call-ID.
 
 from __future__ import annotations
 
+import functools
 import ipaddress
 from dataclasses import dataclass, field
 
@@ -116,6 +117,18 @@ class AgentConfig:
     ring_timeout_s: float = 120.0  # unanswered by then: 480 inbound, CANCEL outbound
     user_agent: str = "Cadence"
 
+    def __post_init__(self) -> None:
+        # Fail when the driver builds the config, not on the first packet.
+        if not 90 <= self.min_se <= self.session_expires:
+            raise ValueError("need 90 <= min_se <= session_expires (RFC 4028 section 4)")
+        if self.ring_timeout_s <= 0:
+            raise ValueError("ring_timeout_s must be positive")
+        self.networks  # noqa: B018 - parses every CIDR now
+
+    @functools.cached_property
+    def networks(self) -> tuple[ipaddress.IPv4Network | ipaddress.IPv6Network, ...]:
+        return tuple(ipaddress.ip_network(n, strict=False) for n in self.allowed_networks)
+
     def allows(self, source: Address) -> bool:
         if not self.allowed_networks:
             return True
@@ -123,4 +136,4 @@ class AgentConfig:
             address = ipaddress.ip_address(source[0])
         except ValueError:
             return False
-        return any(address in ipaddress.ip_network(n, strict=False) for n in self.allowed_networks)
+        return any(address in network for network in self.networks)

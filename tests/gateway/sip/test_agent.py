@@ -297,3 +297,12 @@ def test_register_failure_and_timeout_are_reported() -> None:
     assert RegistrationFailed("sip:a@b", None) in agent.handle_timer(32.0)
     assert agent.registrations == {}
     assert len(out) == 1
+
+
+@pytest.mark.parametrize(
+    "options",
+    [{"allowed_networks": ("10.0.0.0/33",)}, {"min_se": 60}, {"session_expires": 60}],
+)
+def test_bad_config_fails_when_built(options: dict[str, object]) -> None:
+    with pytest.raises(ValueError):  # noqa: PT011 - ipaddress and our checks raise plain ValueError
+        AgentConfig(("10.0.0.2", 5060), **options)  # type: ignore[arg-type]
