@@ -290,3 +290,42 @@ def test_session_refresh_by_reinvite_when_the_peer_lacks_update() -> None:
     assert uac.calls[call_id].local_sdp == ours
     assert uas.calls[call_id].local_sdp == theirs  # an unchanged answer keeps its version
     assert uac.live_dialogs() == uas.live_dialogs() == 1
+
+
+def test_callee_hangs_up_with_bye() -> None:
+    uac, uas, wire = pair()
+    call_id = dial(uac, wire)
+    answer_call(uas, wire, call_id)
+    wire.take(uas, uas.hangup(call_id, wire.now))
+    wire.pump()
+    assert wire.sent(uas)[-1] == "BYE sip:cadence@127.0.0.1:5060 SIP/2.0"
+    assert wire.sent(uac)[-1] == "SIP/2.0 200 OK"
+    assert wire.of(uac, CallEnded) == [CallEnded(call_id, "remote_hangup")]
+    assert wire.of(uas, CallEnded) == [CallEnded(call_id, "local_hangup")]
+
+
+def test_callee_hangup_before_the_ack_waits_for_it() -> None:
+    uac, uas, wire = pair()
+    call_id = dial(uac, wire)
+    held: list[tuple[Address, Outgoing]] = []
+
+    def hold_ack(source: Address, item: Outgoing) -> bool:
+        if item.data.startswith(b"ACK"):
+            held.append((source, item))
+            return True
+        return False
+
+    wire.drop = hold_ack
+    answer_call(uas, wire, call_id)
+    wire.take(uas, uas.hangup(call_id, wire.now))
+    assert wire.of(uas, CallEnded) == [CallEnded(call_id, "local_hangup")]
+    wire.pump()
+    assert not [line for line in wire.sent(uas) if line.startswith("BYE")]
+    wire.drop = lambda source, item: False
+    wire.queue.extend(held)
+    wire.pump()
+    assert [line for line in wire.sent(uas) if line.startswith("BYE")] == [
+        "BYE sip:cadence@127.0.0.1:5060 SIP/2.0"
+    ]
+    assert wire.of(uac, CallEnded) == [CallEnded(call_id, "remote_hangup")]
+    assert uas.live_dialogs() == 0
