@@ -93,24 +93,27 @@ export class CallSession extends EventTarget {
     await pc.setRemoteDescription({ type: "answer", sdp: answer.sdp });
   }
 
-  // Ends the call here and, unless the server ended it already, there too.
+  // Ends the call here and, unless the server ended it already, there too. The API hears of
+  // the hang-up before the transport closes, so the server records a hang-up, not a lost peer.
   async hangup(serverKnows = false) {
-    const id = this.id;
-    this.close();
-    if (id && !serverKnows) {
+    if (this.ended) return;
+    this.ended = true;
+    if (this.mic) this.mic.getTracks().forEach((t) => t.stop());
+    if (this.id && !serverKnows) {
       try {
-        await this.api.endCall(id);
+        await this.api.endCall(this.id);
       } catch (err) {
         // the server ended it already or is gone: either way the call is over
       }
     }
+    if (this.pc) this.pc.close();
   }
 
   close() {
     if (this.ended) return;
     this.ended = true;
-    if (this.pc) this.pc.close();
     if (this.mic) this.mic.getTracks().forEach((t) => t.stop());
+    if (this.pc) this.pc.close();
   }
 
   async stats() {

@@ -153,9 +153,13 @@ def test_a_call_echoes_meets_deadlines_and_hangs_up(pages: Pages, served: Served
     assert page.is_visible("#hangup")
     page.screenshot(path=str(ARTIFACTS / "demo-call-phone.png"), full_page=True)
 
+    call_id = page.evaluate("window.cadence.session.id")
     page.click("#hangup")
     wait_calls_empty(served)
     assert served.get("/v1/calls") == (200, {"calls": []})
+    status, ended = served.get(f"/v1/calls/{call_id}")  # why it ended, for a page still asking
+    assert (status, ended["error"], ended["call"]["end_reason"]) == (410, "call_ended", "hangup")
+    assert ended["call"]["engine"]["ticks"] >= MIN_TICKS_MET
     assert page.evaluate("window.cadence.state") == "idle"
     assert page.is_visible("#call")
 
