@@ -1,6 +1,8 @@
 """The gateway's HTTP surface: the call API, health, metrics and the demo page.
 
     POST   /v1/calls        {"sdp": OFFER, "type": "offer"} -> 201 {"id", "sdp", "type"}
+    POST   /v1/calls/sip    {"uri": "sip:...", "username"?, "password"?} -> 201 {"id", "state"}:
+                            a phone call placed through the SIP bridge (with --sip-port)
     GET    /v1/calls        live calls with their per-call records
     GET    /v1/calls/{id}   one call's record; 410 with the final record (and why it ended)
                             for a recently ended call
@@ -32,11 +34,14 @@ from prometheus_client.exposition import choose_encoder
 
 from engine.ring import EngineState, SlotState
 from gateway.calls import CallRefused, CallRegistry
+from gateway.phone.bridge import DialError, PhoneBridge
+from gateway.sip.digest import Credentials
 from gateway.webrtc import OfferError
 
 log = logging.getLogger(__name__)
 
 CALLS: web.AppKey[CallRegistry] = web.AppKey("calls", CallRegistry)
+PHONE: web.AppKey[PhoneBridge] = web.AppKey("phone", PhoneBridge)
 MAX_OFFER_BYTES = 64 * 1024
 RETRY_AFTER_S = {"full": 5, "draining": 30, "unavailable": 10}
 STALE_HEARTBEAT_S = 1.0
@@ -88,6 +93,31 @@ async def create_call(request: web.Request) -> web.Response:
     except OfferError as exc:
         return error(400, "bad_offer", str(exc))
     return web.json_response({"id": call.id, "sdp": answer_sdp, "type": "answer"}, status=201)
+
+
+async def dial_sip(request: web.Request) -> web.Response:
+    phone = request.app.get(PHONE)
+    if phone is None:
+        return error(404, "sip_off", "this gateway has no SIP bridge (start it with --sip-port)")
+    try:
+        body = await request.json(loads=json.loads)
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        return error(400, "bad_request", 'the body must be JSON: {"uri": "sip:..."}')
+    fields = ("uri", "username", "password")
+    if not isinstance(body, dict) or not isinstance(body.get("uri"), str):
+        return error(400, "bad_request", 'the body needs a "uri" string')
+    if any(body.get(f) is not None and not isinstance(body[f], str) for f in fields):
+        return error(400, "bad_request", "uri, username and password must be strings")
+    username, password = body.get("username"), body.get("password")
+    credentials = Credentials(username, password or "") if username else None
+    try:
+        call = await phone.dial(body["uri"], credentials)
+    except CallRefused as refused:
+        retry = str(RETRY_AFTER_S.get(refused.reason, 10))
+        return error(503, f"engine_{refused.reason}", str(refused), {"Retry-After": retry})
+    except DialError as exc:
+        return error(400, "bad_uri", str(exc))
+    return web.json_response({"id": call.id, "state": call.state}, status=201)
 
 
 async def list_calls(request: web.Request) -> web.Response:
@@ -143,6 +173,9 @@ async def healthz(request: web.Request) -> web.Response:
         # every gateway's calls: the engine's load, not this process's share of it
         "slots_live": int((calls.ring.control["state"] == SlotState.LIVE).sum()),
     }
+    phone = request.app.get(PHONE)
+    if phone is not None:
+        body["sip_dialogs"] = phone.agent.live_dialogs()
     ok = state == "ready" and calls.engine.connected and age < STALE_HEARTBEAT_S
     body["status"] = "ok" if ok else "unhealthy"
     return web.json_response(body, status=200 if ok else 503)
@@ -171,10 +204,13 @@ async def index(request: web.Request) -> web.FileResponse:
     return web.FileResponse(request.app[CALLS].config.web_root / "index.html")
 
 
-def build_app(calls: CallRegistry) -> web.Application:
+def build_app(calls: CallRegistry, phone: PhoneBridge | None = None) -> web.Application:
     app = web.Application(client_max_size=MAX_OFFER_BYTES * 2, middlewares=[require_token])
     app[CALLS] = calls
+    if phone is not None:
+        app[PHONE] = phone
     app.router.add_post("/v1/calls", create_call)
+    app.router.add_post("/v1/calls/sip", dial_sip)
     app.router.add_get("/v1/calls", list_calls)
     app.router.add_get("/v1/calls/{call_id}", get_call)
     app.router.add_delete("/v1/calls/{call_id}", delete_call)

@@ -90,12 +90,12 @@ async def _serve(config: GatewayConfig) -> int:
     calls = CallRegistry(
         config, client, ring, grid, metrics, load_captioner(config.captions_tokenizer)
     )
-    runner = web.AppRunner(build_app(calls), access_log=None)
+    phone = PhoneBridge(config, calls) if config.sip_port else None
+    runner = web.AppRunner(build_app(calls, phone), access_log=None)
     await runner.setup()
     site = web.TCPSite(runner, config.host, config.port)
     await site.start()
     log.info("gateway listening on http://%s:%d", config.host, config.port)
-    phone = PhoneBridge(config, calls) if config.sip_port else None
     if phone is not None:
         await phone.start()
 

@@ -1,5 +1,6 @@
 """Phone calls as Cadence calls: SIP events in, engine admission, RTP, one end for each call.
 
+Inbound:
     INVITE ─► IncomingCall ─► negotiate (PCMU/PCMA, telephone-event) ─► admit with the engine
           refused ─► 503 + Retry-After (or 486)          no usable codec ─► 488
           admitted ─► 180 ─► (ring time) ─► RTP port ─► 200 + SDP ─► ACK: live
@@ -7,6 +8,10 @@
     BYE, CANCEL, session expiry ─► CallEnded ─► CallRegistry.end
     DELETE /v1/calls/{id}, no RTP for rtp_timeout_s, gateway stopping ─► CallRegistry.end
           ─► on_end: BYE (or 480 if not yet answered), RTP socket closed, port given back
+
+Outbound (POST /v1/calls/sip): admit first (a full engine refuses the request, not the callee),
+RTP port, INVITE offering PCMU and PCMA (digest auth answered by the agent) ─► CallRinging
+─► CallAnswered: the answer picks the codec and packet time, media starts ─► as above.
 
 The registry's `end` is the only way out of a call, whoever starts it, so the slot is
 released once and the summary is logged once; the agent's own `CallEnded` for a call we hang
@@ -22,22 +27,26 @@ from typing import Any
 
 from gateway.calls import Call, CallRefused, CallRegistry
 from gateway.config import GatewayConfig
-from gateway.phone.codec import G711Decoder
+from gateway.phone.codec import RATE, G711Decoder
 from gateway.phone.pacer import RtpPacer
 from gateway.phone.ports import RtpPorts
 from gateway.phone.rtp import RtpStream
 from gateway.phone.signalling import SipSignalling
 from gateway.rtp.telephone_event import Dtmf
 from gateway.sip.agent import Agent, CallStateError
+from gateway.sip.digest import Credentials
 from gateway.sip.events import (
     AgentConfig,
+    CallAnswered,
     CallConfirmed,
     CallEnded,
+    CallRinging,
     Event,
     HoldChanged,
     IncomingCall,
 )
-from gateway.sip.sdp import AudioStream, Origin, SessionDescription, answer
+from gateway.sip.headers import SipParseError, SipUri, parse_uri
+from gateway.sip.sdp import AudioStream, Origin, SessionDescription, accepted_stream, answer, offer
 
 log = logging.getLogger(__name__)
 
@@ -45,6 +54,12 @@ RETRY_AFTER_S = {"full": 5, "draining": 30, "unavailable": 10}
 WATCH_PERIOD_S = 0.5  # how often RTP timeouts are checked
 UNSUPPORTED_MEDIA = 488
 END_REASONS = {"remote_hangup": "peer_hangup"}  # agent words -> the registry's words
+OFFERED_PTIME_MS = 20
+OFFERED_EVENT = 101  # telephone-event payload type in our offers (Asterisk's choice too)
+
+
+class DialError(ValueError):
+    """An outbound call request that cannot be placed (bad URI)."""
 
 
 @dataclass
@@ -59,7 +74,10 @@ class PhoneCall:
     rtp: RtpStream | None = None  # once answered
     port: int | None = None
     gone: str | None = None  # the dialog ended (CANCEL, BYE...) while setup was still running
+    outbound: bool = False
+    status: int | None = None  # the final SIP status of a refused outbound call
     dtmf: list[str] = field(default_factory=list)
+    decoder: G711Decoder | None = None  # outbound: switched to the answer's codec
 
 
 class PhoneBridge:
@@ -115,11 +133,16 @@ class PhoneBridge:
         phone = phone_or_none
         if isinstance(event, CallConfirmed) and phone.call is not None:
             phone.call.state = "live"
+        elif isinstance(event, CallRinging) and phone.call is not None:
+            phone.call.state = "ringing"
+        elif isinstance(event, CallAnswered) and phone.call is not None:
+            self._answered(phone, phone.call, event)
         elif isinstance(event, HoldChanged) and phone.rtp is not None:
             self._hold(phone, phone.rtp, event)
         elif isinstance(event, CallEnded):
             reason = END_REASONS.get(event.reason, event.reason)
             phone.gone = reason
+            phone.status = event.status
             if phone.call is not None and phone.rtp is not None:
                 self._spawn(self._end(phone.call.id, reason))
 
@@ -194,6 +217,55 @@ class PhoneBridge:
             stream.ptime_ms,
         )
 
+    # -- outbound ----------------------------------------------------------------------------
+
+    async def dial(self, uri: str, credentials: Credentials | None = None) -> Call:
+        """Call `uri`; returns the call at once (state dialing). Raises CallRefused, DialError."""
+        try:
+            target = parse_uri(uri)
+        except SipParseError as error:
+            raise DialError(str(error)) from None
+        if not isinstance(target, SipUri):
+            raise DialError(f"only sip: URIs can be dialled, not {uri!r}")
+        decoder = G711Decoder("PCMU")  # until the answer says which
+        call = await self.calls.start_sip(decoder, OFFERED_PTIME_MS * decoder.rate // 1000)
+        call.state = "dialing"
+        phone = PhoneCall("", f"sip:{self.agent.config.user}@{self.config.sip_address}", uri, "udp")
+        phone.outbound, phone.call, phone.decoder = True, call, decoder
+        call.on_end = lambda reason: self._hang_up(phone, reason)
+        call.describe = lambda: self._describe(phone)
+        address = self.config.sip_address
+        provisional = AudioStream(
+            0, "PCMU", OFFERED_EVENT, OFFERED_PTIME_MS, address, 0, "inactive"
+        )
+        try:
+            rtp = await self._open_rtp(phone, call, provisional)
+            port = rtp.local[1] if rtp.local is not None else 0
+            origin = Origin("cadence", self._rng.getrandbits(31), 1, address)
+            local = offer(origin, address, port, telephone_event=OFFERED_EVENT)
+            sip_id, outputs = self.agent.dial(uri, local, time.monotonic(), credentials=credentials)
+        except (OSError, SipParseError) as error:
+            await self.calls.end(call.id, "dial_failed")
+            raise DialError(str(error)) from None
+        phone.sip_call_id = sip_id
+        self.phones[sip_id] = phone
+        self.signalling.deliver(outputs)
+        log.info("call %s dialling %s (SIP %s)", call.id, uri, sip_id)
+        return call
+
+    def _answered(self, phone: PhoneCall, call: Call, event: CallAnswered) -> None:
+        stream = accepted_stream(event.remote_sdp) if event.remote_sdp is not None else None
+        if stream is None or phone.rtp is None or phone.decoder is None:
+            log.warning("call %s: the answer has no PCMU/PCMA audio", call.id)
+            self._spawn(self._end(call.id, "bad_answer"))
+            return
+        phone.decoder.use(stream.codec)
+        call.session.downlink.packet_samples = stream.ptime_ms * RATE // 1000
+        phone.rtp.accept(stream)
+        self.pacer.add(phone.rtp)
+        call.state = "live"
+        log.info("call %s answered: %s %d ms", call.id, stream.codec, stream.ptime_ms)
+
     def _refuse(self, phone: PhoneCall, reason: str) -> None:
         status = self.config.sip_busy_status
         retry = RETRY_AFTER_S.get(reason, 10) if status == 503 else None
@@ -246,7 +318,10 @@ class PhoneBridge:
             "from": phone.from_uri,
             "to": phone.to_uri,
             "transport": phone.transport,
+            "outbound": phone.outbound,
         }
+        if phone.status is not None:
+            sip["status"] = phone.status
         if phone.rtp is not None:
             sip.update(phone.rtp.describe())
         return {"dtmf": "".join(phone.dtmf), "sip": sip}

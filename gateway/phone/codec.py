@@ -29,9 +29,13 @@ class G711Decoder:
     rate = RATE
 
     def __init__(self, codec: str) -> None:
-        self._decode = _DECODERS[codec]
+        self.use(codec)
         self._last: NDArray[np.float32] = np.zeros(0, np.float32)
         self._gain = 1.0
+
+    def use(self, codec: str) -> None:
+        """Switch codec: an outbound call learns which one from the answer, after admission."""
+        self._decode = _DECODERS[codec]
 
     def decode(self, packet: bytes) -> NDArray[np.int16]:
         pcm = self._decode(packet)

@@ -53,20 +53,25 @@ class RtpStream(asyncio.DatagramProtocol):
         on_dtmf: Callable[[Dtmf], None],
     ) -> None:
         self.call_id = call_id
-        self.stream = stream
         self.session = session
-        self.remote: Address = (stream.remote_address, stream.remote_port)
-        self.direction = stream.direction
-        self.packet_samples = stream.ptime_ms * RATE // 1000
-        self.packet_ms = stream.ptime_ms
         self.counters = RtpCounters()
         self.timeout = MediaTimeout(timeout_s, time.monotonic())
         self.next_instant: int | None = None  # pacer's 10 ms instant of the next packet
-        self._encode = encoder(stream.codec)
         self._sender = RtpSender(stream.payload_type, rng)
         self._events = EventReceiver(RATE)
         self._on_dtmf = on_dtmf
         self._transport: asyncio.DatagramTransport | None = None
+        self.remote: Address = (stream.remote_address, stream.remote_port)
+        self.accept(stream)
+
+    def accept(self, stream: AudioStream) -> None:
+        """Take what offer/answer settled (an outbound call learns it only from the answer)."""
+        self.stream = stream
+        self.packet_samples = stream.ptime_ms * RATE // 1000
+        self.packet_ms = stream.ptime_ms
+        self._encode = encoder(stream.codec)
+        self._sender.payload_type = stream.payload_type
+        self.set_direction(stream.direction, (stream.remote_address, stream.remote_port))
 
     # -- socket ------------------------------------------------------------------------------
 
@@ -115,7 +120,11 @@ class RtpStream(asyncio.DatagramProtocol):
     # -- sending -----------------------------------------------------------------------------
 
     def set_direction(self, direction: str, remote: Address | None) -> None:
-        """After a re-offer: our direction, and the peer's new media address (None: same)."""
+        """After an offer or answer: our direction, and the peer's media address (None: same).
+
+        The RTP timeout runs only while the peer should be sending: not while it holds the
+        call, nor while an outbound call still rings.
+        """
         self.direction = direction
         if remote is not None:
             self.remote = remote

@@ -37,8 +37,9 @@ class Sipp:
 def start_sipp(
     workdir: Path,
     scenario: str,
-    sip_port: int,
+    sip_port: int | None,
     *,
+    local_port: int | None = None,
     calls: int = 1,
     duration_ms: int = 1000,
     keys: dict[str, str] | None = None,
@@ -47,7 +48,7 @@ def start_sipp(
     workdir.mkdir(parents=True, exist_ok=True)
     cmd = [
         SIPP,
-        f"127.0.0.1:{sip_port}",
+        *([f"127.0.0.1:{sip_port}"] if sip_port is not None else []),  # none: SIPp answers
         "-sf",
         str(SCENARIOS / scenario),
         "-i",
@@ -55,7 +56,7 @@ def start_sipp(
         "-mi",
         "127.0.0.1",
         "-p",
-        str(free_port()),
+        str(local_port or free_port()),
         "-m",
         str(calls),
         "-d",
@@ -77,8 +78,15 @@ def start_sipp(
 
 
 def run_sipp(
-    workdir: Path, scenario: str, sip_port: int, timeout_s: float = 60.0, **options: object
+    workdir: Path,
+    scenario: str,
+    sip_port: int,
+    *,
+    duration_ms: int = 1000,
+    keys: dict[str, str] | None = None,
+    extra: tuple[str, ...] = (),
 ) -> Sipp:
-    sipp = start_sipp(workdir, scenario, sip_port, **options)  # type: ignore[arg-type]
-    sipp.wait(timeout_s)
+    """Run a one-call scenario to its end."""
+    sipp = start_sipp(workdir, scenario, sip_port, duration_ms=duration_ms, keys=keys, extra=extra)
+    sipp.wait(90.0)
     return sipp

@@ -45,15 +45,15 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Served, i
 
 
 def _idle(served: Served) -> None:
-    """No call left in the gateway, no slot left in the engine."""
+    """No call left in the gateway, no SIP dialog in its agent, no slot in the engine."""
     deadline = time.monotonic() + 5.0
     while time.monotonic() < deadline:
         _, calls = served.get("/v1/calls")
-        live = served.engine_metrics().get("cadence_engine_slots_live", 0.0)
-        if calls == {"calls": []} and live == 0:
+        _, health = served.get("/healthz")
+        if calls == {"calls": []} and health["sip_dialogs"] == 0 and health["slots_live"] == 0:
             return
         time.sleep(0.1)
-    raise AssertionError(f"left behind: {calls}, engine slots live {live}")
+    raise AssertionError(f"left behind: {calls}, {health}")
 
 
 def _call_keys(peer: RtpPeer) -> dict[str, str]:
@@ -94,11 +94,13 @@ def test_audio_comes_back_through_the_engine(
         peer.stop()
     peak, delay_s = echo_delay(peer)
     log.info(
-        "%s %d ms: correlation %.3f, server-side delay %.1f ms",
+        "%s %d ms: correlation %.3f, server-side delay %.1f ms; jitter %s; rtp %s",
         codec,
         ptime_ms,
         peak,
         delay_s * 1e3,
+        record["jitter_buffer"],
+        record["sip"]["rtp"],
     )
     assert record["transport"] == "sip"
     assert record["sip"]["codec"] == codec
@@ -278,5 +280,35 @@ def test_call_over_tcp(served: tuple[Served, int], tmp_path: Path) -> None:
     finally:
         peer.stop()
     peak, _ = echo_delay(peer)
+    assert peak > 0.8
+    _idle(server)
+
+
+@pytest.mark.parametrize("scenario", ["uas.xml", "uas_auth.xml"])
+def test_outbound_call_through_the_api(
+    served: tuple[Served, int], tmp_path: Path, scenario: str
+) -> None:
+    server, _ = served
+    peer = RtpPeer("PCMA", 20, band_limited_noise(5.0))
+    callee_port = free_port()
+    try:
+        sipp = start_sipp(tmp_path, scenario, None, local_port=callee_port, keys=_call_keys(peer))
+        request = {"uri": f"sip:echo@127.0.0.1:{callee_port}"}
+        if scenario == "uas_auth.xml":
+            request.update(username="alice", password="secret")
+        status, body = http_json("POST", f"{server.url}/v1/calls/sip", request)
+        assert status == 201, body
+        time.sleep(5.0)
+        _, record = server.get(f"/v1/calls/{body['id']}")
+        status, _ = http_json("DELETE", f"{server.url}/v1/calls/{body['id']}")
+        assert status == 200
+        assert sipp.wait(30) == 0, sipp.errors()
+    finally:
+        peer.stop()
+    assert record["state"] == "live"
+    assert record["sip"]["outbound"] is True
+    assert record["sip"]["codec"] == "PCMA"
+    peak, delay_s = echo_delay(peer)
+    log.info("outbound: correlation %.3f, server-side delay %.1f ms", peak, delay_s * 1e3)
     assert peak > 0.8
     _idle(server)
