@@ -327,7 +327,8 @@ class Agent(Upkeep):
             origin = replace(local.origin, session_version=local.origin.session_version + 1)
             media = next((m for m in local.media if m.port), None)
             address = (media.connection if media else None) or local.connection or ""
-            sdp, stream = answer(reoffer, origin, address, media.port if media else 0)
+            port = media.port if media else 0
+            sdp, stream = answer(reoffer, origin, address, port, call.wanted_direction)
             if stream is None:
                 return self._respond(txn, 488, now, to_tag=tag)
             if replace(sdp, origin=local.origin) == local:

@@ -35,7 +35,8 @@ class Call:
     client_invite: ClientInvite | None = None
     local_sdp: SessionDescription | None = None
     remote_sdp: SessionDescription | None = None
-    direction: str = "sendrecv"
+    direction: str = "sendrecv"  # the media direction in force, from our side
+    wanted_direction: str = "sendrecv"  # what our last `reinvite` asked for
     ringing: bool = False
     answered: bool = False
     confirmed: bool = False
@@ -55,13 +56,14 @@ class Call:
     reinvite: ClientInvite | None = None
     reinvite_direction: str | None = None
     reinvite_ack: bytes | None = None
+    reinvite_retry_at: float | None = None  # after 491 (glare), RFC 3261 14.1
     refresh: Transaction | None = None  # our UPDATE or re-INVITE refreshing the session
     peer_update: bool = False  # the peer's Allow lists UPDATE, so refreshes may use it
     ok_destination: Address | None = None
     reported: bool = False  # CallEnded already emitted (the call may linger to send BYE)
 
     def deadlines(self) -> list[float]:
-        found = [self.ring_deadline, self.ok_next, self.ok_give_up]
+        found = [self.ring_deadline, self.ok_next, self.ok_give_up, self.reinvite_retry_at]
         if self.session_timer is not None and self.confirmed:
             found.append(self.session_timer.deadline(self.last_refresh))
         return [d for d in found if d is not None]

@@ -172,7 +172,18 @@ class AudioStream:
     direction: str  # ours: sendrecv, or sendonly/inactive while the peer holds us
 
 
-def _choose(offer: MediaDescription, session: SessionDescription) -> AudioStream | None:
+def _intersect(mirrored: str, wanted: str) -> str:
+    """Send only if both allow sending, receive only if both allow receiving."""
+    send = mirrored in ("sendrecv", "sendonly") and wanted in ("sendrecv", "sendonly")
+    receive = mirrored in ("sendrecv", "recvonly") and wanted in ("sendrecv", "recvonly")
+    return {(True, True): "sendrecv", (True, False): "sendonly", (False, True): "recvonly"}.get(
+        (send, receive), "inactive"
+    )
+
+
+def _choose(
+    offer: MediaDescription, session: SessionDescription, wanted: str = "sendrecv"
+) -> AudioStream | None:
     if offer.media != "audio" or offer.protocol != "RTP/AVP" or offer.port == 0:
         return None
     codec: tuple[int, str] | None = None
@@ -197,7 +208,13 @@ def _choose(offer: MediaDescription, session: SessionDescription) -> AudioStream
     if address in ("0.0.0.0", "::"):
         remote = "inactive" if remote == "recvonly" else "sendonly"
     return AudioStream(
-        codec[0], codec[1], event, ptime, address, offer.port, _ANSWER_DIRECTION[remote]
+        codec[0],
+        codec[1],
+        event,
+        ptime,
+        address,
+        offer.port,
+        _intersect(_ANSWER_DIRECTION[remote], wanted),
     )
 
 
@@ -213,13 +230,21 @@ def _audio_attributes(stream: AudioStream, direction: str) -> Attributes:
 
 
 def answer(
-    offer: SessionDescription, origin: Origin, local_address: str, local_port: int
+    offer: SessionDescription,
+    origin: Origin,
+    local_address: str,
+    local_port: int,
+    direction: str = "sendrecv",
 ) -> tuple[SessionDescription, AudioStream | None]:
-    """Answer an offer: one accepted audio stream (or none) and every other m-line rejected."""
+    """Answer an offer: one accepted audio stream (or none) and every other m-line rejected.
+
+    `direction` is what we want (sendonly while we hold the peer); the answer allows only
+    what both the offer and we allow.
+    """
     chosen: AudioStream | None = None
     media: list[MediaDescription] = []
     for m in offer.media:
-        stream = _choose(m, offer) if chosen is None else None
+        stream = _choose(m, offer, direction) if chosen is None else None
         if stream is None:
             media.append(MediaDescription(m.media, 0, m.protocol, m.formats))
             continue

@@ -19,8 +19,8 @@ from gateway.sip.caller import ALLOW, Caller
 from gateway.sip.events import HoldChanged, MessageDropped, Output, RegistrationFailed
 from gateway.sip.headers import SipParseError
 from gateway.sip.message import Response, response_to
+from gateway.sip.sdp import accepted_stream, parse_sdp
 from gateway.sip.sdp import offer as make_offer
-from gateway.sip.sdp import parse_sdp
 from gateway.sip.transaction import (
     Address,
     ClientInvite,
@@ -68,6 +68,11 @@ class Upkeep(Caller):
         if response.status >= 300:
             if response.status in DIALOG_GONE:
                 return [*self._bye(call, now), *self._end(call, now, "remote_gone")]
+            if response.status == 491 and call.reinvite_direction is not None:
+                # Both sides re-INVITEd at once; the Call-ID's owner waits longer, so the two
+                # retries do not collide again.
+                low, high = (2.1, 4.0) if call.uac else (0.0, 2.0)
+                call.reinvite_retry_at = now + round(self.rng.uniform(low, high), 2)
             return []
         if call.reinvite_ack is not None:
             return [Outgoing(call.reinvite_ack, call.peer, call.transport)]
@@ -81,10 +86,12 @@ class Upkeep(Caller):
             remote = parse_sdp(response.body) if response.body else None
         except SipParseError:
             return [*out, *self._bye(call, now), *self._end(call, now, "bad_sdp")]
-        if remote is not None and call.reinvite_direction is not None:
+        if remote is not None:
             call.remote_sdp = remote
-            call.direction = call.reinvite_direction
-            out.append(HoldChanged(call.call_id, call.reinvite_direction, remote))
+            stream = accepted_stream(remote)
+            if stream is not None and stream.direction != call.direction:
+                call.direction = stream.direction
+                out.append(HoldChanged(call.call_id, stream.direction, remote))
         return out
 
     def _on_refresh_response(self, call: Call, response: Response, now: float) -> list[Output]:
@@ -120,6 +127,7 @@ class Upkeep(Caller):
         address = media.connection or old.connection or self.config.address[0]
         event = next((int(f) for f in media.formats if f not in ("0", "8") and f.isdigit()), 101)
         call.local_sdp = make_offer(origin, address, media.port, direction, event)
+        call.wanted_direction = direction
         return self._send_reinvite(call, direction, now)
 
     def _send_reinvite(self, call: Call, direction: str | None, now: float) -> list[Output]:
@@ -191,6 +199,11 @@ class Upkeep(Caller):
             out.append(Outgoing(call.ok_response, destination, call.transport))
             call.ok_interval = min(2 * call.ok_interval, self.config.timers.t2)
             call.ok_next = now + call.ok_interval
+        retry = call.reinvite_retry_at
+        if retry is not None and retry <= now:
+            call.reinvite_retry_at = None
+            if not call.reinvite_pending():  # offer afresh: the SDP may have moved meanwhile
+                out += self.reinvite(call.call_id, call.wanted_direction, now)
         timer = call.session_timer
         if timer is not None and call.confirmed and timer.deadline(call.last_refresh) <= now:
             if timer.we_refresh:

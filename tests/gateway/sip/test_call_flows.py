@@ -329,3 +329,21 @@ def test_callee_hangup_before_the_ack_waits_for_it() -> None:
     ]
     assert wire.of(uac, CallEnded) == [CallEnded(call_id, "remote_hangup")]
     assert uas.live_dialogs() == 0
+
+
+def test_glare_both_hold_at_once_then_retry_apart() -> None:
+    uac, uas, wire = pair()
+    call_id = dial(uac, wire)
+    answer_call(uas, wire, call_id)
+    wire.take(uac, uac.reinvite(call_id, "sendonly", wire.now))
+    wire.take(uas, uas.reinvite(call_id, "sendonly", wire.now))
+    wire.pump()
+    assert wire.sent(uac).count("SIP/2.0 491 Request Pending") == 1
+    assert wire.sent(uas).count("SIP/2.0 491 Request Pending") == 1
+    wire.advance(wire.now + 10)
+    # The callee retries first (0-2 s), the caller later (2.1-4 s). Each answer allows only
+    # what both sides want, so two holds meet at inactive, and the second changes nothing.
+    assert [e.direction for e in wire.of(uac, HoldChanged)] == ["inactive"]
+    assert [e.direction for e in wire.of(uas, HoldChanged)] == ["inactive"]
+    assert wire.sent(uac).count("INVITE sip:cadence@127.0.0.1:5070 SIP/2.0") == 3
+    assert wire.sent(uas).count("INVITE sip:cadence@127.0.0.1:5060 SIP/2.0") == 2

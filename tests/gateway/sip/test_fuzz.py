@@ -279,7 +279,7 @@ def test_agent_survives_any_dialog_sequence(
     assert len([e for e in outputs if isinstance(e, CallEnded)]) == started
 
 
-STATUSES = [100, 180, 183, 200, 401, 407, 422, 486, 487, 503]
+STATUSES = [100, 180, 183, 200, 401, 407, 422, 486, 487, 491, 503]
 
 
 def peer_response(invite: Request, status: int, tag: str | None, timer: bool) -> bytes:

@@ -109,3 +109,21 @@ def test_encode_parse_round_trip_and_offer_answer_loop() -> None:
 def test_bad_sdp_raises(text: bytes) -> None:
     with pytest.raises(SipParseError):
         parse_sdp(text)
+
+
+@pytest.mark.parametrize(
+    ("offered", "wanted", "answered"),
+    [
+        ("sendrecv", "sendrecv", "sendrecv"),
+        ("sendrecv", "sendonly", "sendonly"),
+        ("sendonly", "sendrecv", "recvonly"),
+        ("sendonly", "sendonly", "inactive"),
+        ("recvonly", "inactive", "inactive"),
+        ("inactive", "sendrecv", "inactive"),
+    ],
+)
+def test_answer_allows_only_what_both_sides_want(offered: str, wanted: str, answered: str) -> None:
+    ours = offer(Origin("p", 1, 1, "10.0.0.9"), "10.0.0.9", 5000, direction=offered)
+    sdp, stream = answer(ours, ORIGIN, "10.0.0.2", 30000, wanted)
+    assert stream is not None
+    assert stream.direction == sdp.media[0].direction == answered
