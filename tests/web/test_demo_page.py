@@ -294,3 +294,39 @@ def test_with_a_tokenizer_the_page_opens_the_captions_channel(pages: Pages, tmp_
         wait_calls_empty(served)
     finally:
         stop_serve(served)
+
+
+@pytest.mark.slow
+def test_a_tiny_moshi_model_writes_captions_on_the_page(pages: Pages, tmp_path: Path) -> None:
+    """Text tokens from a real (tiny, random) Moshi step reach the page as caption text.
+
+    Deadlines are not asserted: a random tiny model on a shared CPU may miss some, and the
+    point here is the caption path: engine tokens -> ring -> captioner -> data channel -> page.
+    """
+    pytest.importorskip("torch")
+    tokenizer = train_tiny_tokenizer(tmp_path)
+    moshi = ("--model=moshi", "--config=tiny", "--random-weights=1", "--slots=1")
+    served = start_serve(
+        tmp_path / "serve.log", *moshi, f"--captions-tokenizer={tokenizer}", timeout_s=120.0
+    )
+    try:
+        page = pages.open(served.url)
+        call_live(page)
+        page.wait_for_function(
+            "document.getElementById('caption-text').textContent.trim().length >= 20",
+            timeout=30_000,
+        )
+        assert page.get_attribute("#captions", "data-state") == "live"
+        call_id = page.evaluate("window.cadence.session.id")
+        captions = served.get(f"/v1/calls/{call_id}")[1]["captions"]
+        assert captions["channel"] == "open"
+        assert captions["pieces"] > 0
+        text = page.inner_text("#caption-text")
+        assert set(text) <= set("abcdefghijklmnopqrstuvwxyz "), text  # pieces, no ids or ▁
+        page.wait_for_function("window.cadence.panel.values.duration >= 3", timeout=20_000)
+        ARTIFACTS.mkdir(exist_ok=True)
+        page.screenshot(path=str(ARTIFACTS / "demo-captions.png"))
+        page.click("#hangup")
+        wait_calls_empty(served)
+    finally:
+        stop_serve(served)
