@@ -22,6 +22,7 @@ import asyncio
 import logging
 import random
 import time
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -44,6 +45,7 @@ from gateway.sip.events import (
     Event,
     HoldChanged,
     IncomingCall,
+    Output,
 )
 from gateway.sip.headers import SipParseError, SipUri, parse_uri
 from gateway.sip.sdp import AudioStream, Origin, SessionDescription, accepted_stream, answer, offer
@@ -53,6 +55,7 @@ log = logging.getLogger(__name__)
 RETRY_AFTER_S = {"full": 5, "draining": 30, "unavailable": 10}
 WATCH_PERIOD_S = 0.5  # how often RTP timeouts are checked
 UNSUPPORTED_MEDIA = 488
+SERVER_ERROR = 500
 END_REASONS = {"remote_hangup": "peer_hangup"}  # agent words -> the registry's words
 OFFERED_PTIME_MS = 20
 OFFERED_EVENT = 101  # telephone-event payload type in our offers (Asterisk's choice too)
@@ -109,7 +112,7 @@ class PhoneBridge:
         await asyncio.gather(*self._tasks, return_exceptions=True)
         await self.signalling.stop()
 
-    def _spawn(self, work: Any) -> None:
+    def _spawn(self, work: Coroutine[Any, Any, None]) -> None:
         task: asyncio.Task[None] = asyncio.create_task(work)
         self._tasks.add(task)
         task.add_done_callback(self._done)
@@ -123,14 +126,14 @@ class PhoneBridge:
 
     def _on_event(self, event: Event) -> None:
         if isinstance(event, IncomingCall):
-            phone = PhoneCall(event.call_id, event.from_uri, event.to_uri, event.transport)
-            self.phones[event.call_id] = phone
-            self._spawn(self._incoming(phone, event))
+            caller = PhoneCall(event.call_id, event.from_uri, event.to_uri, event.transport)
+            self.phones[event.call_id] = caller
+            self._spawn(self._incoming(caller, event))
             return
-        phone_or_none = self.phones.get(getattr(event, "call_id", ""))
-        if phone_or_none is None:
+        sip_id = getattr(event, "call_id", None)  # registrations and drops name no call
+        phone = self.phones.get(sip_id) if isinstance(sip_id, str) else None
+        if phone is None:
             return
-        phone = phone_or_none
         if isinstance(event, CallConfirmed) and phone.call is not None:
             phone.call.state = "live"
         elif isinstance(event, CallRinging) and phone.call is not None:
@@ -175,6 +178,11 @@ class PhoneBridge:
             call = await self.calls.start_sip(decoder, stream.ptime_ms * decoder.rate // 1000)
         except CallRefused as refused:
             self._refuse(phone, refused.reason)
+            return
+        except Exception:
+            log.exception("SIP call %s: admission failed", sip_id)
+            self._command(lambda now: self.agent.reject(sip_id, SERVER_ERROR, now))
+            self.phones.pop(sip_id, None)
             return
         phone.call = call
         call.on_end = lambda reason: self._hang_up(phone, reason)
@@ -297,7 +305,7 @@ class PhoneBridge:
             return rtp
         raise failure
 
-    def _command(self, command: Any) -> None:
+    def _command(self, command: Callable[[float], list[Output]]) -> None:
         """Run an agent command now and send what it says; a call already gone is no error."""
         try:
             self.signalling.deliver(command(time.monotonic()))
