@@ -37,6 +37,7 @@ log = logging.getLogger(__name__)
 
 COMPLETED = ("hangup", "peer_closed", "peer_hangup")  # end reasons that are not failures
 ENDED_KEPT = 256  # final records kept, so a page polling its call learns why it ended
+LONGEST_SIP_PACKET_S = 0.06  # G.711 packets may be 10, 20, 30 or 60 ms, whatever was offered
 
 
 class CallRefused(Exception):
@@ -146,10 +147,12 @@ class CallRegistry:
             model_rate=spec.sample_rate,
             frame_samples=spec.frame_samples,
             pump_period_s=self.grid.step_s,
+            longest_packet_s=LONGEST_SIP_PACKET_S,
         )
-        downlink = Downlink(
-            spec.sample_rate, decoder.rate, packet_samples, self.config.send_queue_max_s
-        )
+        # a whole frame arrives while up to one packet is still queued, plus pacing slack
+        frame_s, packet_s = spec.frame_samples / spec.sample_rate, packet_samples / decoder.rate
+        queue_s = max(self.config.send_queue_max_s, frame_s + 2 * packet_s)
+        downlink = Downlink(spec.sample_rate, decoder.rate, packet_samples, queue_s)
         call = Call(call_id, "sip", lease, MediaSession(self.ring, lease, uplink, downlink))
         call.state = "ringing"
         self.calls[call_id] = call

@@ -36,7 +36,11 @@ class Uplink:
         model_rate: int,
         frame_samples: int,
         pump_period_s: float,
+        longest_packet_s: float = 0.02,
     ) -> None:
+        """`longest_packet_s`: the longest packet the stream may carry. A packet is decoded
+        whole at one pump, up to (packet - pump period) ahead of the framer's schedule, so the
+        framer's backlog must hold that much or it would cut audio out of every long packet."""
         self.jitter = JitterBuffer(jitter)
         self._decoder = decoder
         self._resampler = (
@@ -44,7 +48,8 @@ class Uplink:
         )
         self._pump_samples = round(pump_period_s * decoder.rate)
         self._credit = 0  # decoder-rate samples owed to the framer
-        self.framer = Framer(frame_samples, max_backlog=frame_samples // 4)
+        ahead = max(0, round((longest_packet_s - pump_period_s) * model_rate))
+        self.framer = Framer(frame_samples, max_backlog=frame_samples // 4 + ahead)
         self.concealed = 0  # packets' worth of audio made up by the codec
         self._delays: list[float] = []  # played packets' delays since the last take_delays
 

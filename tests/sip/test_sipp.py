@@ -78,7 +78,8 @@ def _live_call(served: Served) -> dict[str, Any]:
 
 
 @pytest.mark.parametrize(
-    ("codec", "ptime_ms"), [("PCMU", 20), ("PCMA", 30), ("PCMA", 20), ("PCMU", 30)]
+    ("codec", "ptime_ms"),
+    [("PCMU", 20), ("PCMA", 30), ("PCMA", 20), ("PCMU", 30), ("PCMU", 10), ("PCMA", 60)],
 )
 def test_audio_comes_back_through_the_engine(
     served: tuple[Served, int], tmp_path: Path, codec: str, ptime_ms: int
