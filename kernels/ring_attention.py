@@ -1,0 +1,228 @@
+"""Decode attention over a per-slot KV ring: one query per (slot, head), flash-decoding style.
+
+The temporal transformer attends, every tick, from one new frame per slot to that slot's whole
+ring (see engine/models/moshi/attention.py for the layout and the validity rule):
+
+    q:            [slots, heads, head_dim]            this step's query (RoPE applied)
+    keys, values: [slots, heads, capacity, head_dim]  one layer's ring, contiguous
+    last:         int64 [slots]                       the query's position (frames since reset)
+
+Ring entry j holds position p = last - ((last - j) mod capacity); it is attended when p >= 0
+and p > last - context. At 7B shapes the step is a pure read of the rings (a 1500-frame ring of
+32 heads x 128 is 24.6 MB of K+V per slot and layer in bf16), so the kernel is built to stream
+them once at full bandwidth:
+
+- pass 1, grid (slots * heads, splits): each program walks `split_frames` ring entries in
+  tiles of BLOCK_N, keeps an online softmax (running max, running sum, fp32 accumulator) and
+  writes its partial (max, sum, acc[head_dim]). Splitting the ring gives a small batch enough
+  programs to fill the chip; at 128 slots one split per (slot, head) already does. Invalid
+  entries are masked out of the loads, so a fresh call reads only what it has written.
+- pass 2, grid (slots * heads,): rescales the partials to the common max and normalises.
+  Two launches and no atomics: the result does not depend on the order programs finish in.
+
+The launcher asserts shapes, dtypes, strides and devices, allocates only buffers whose size is
+fixed by the shapes, and never reads device values on the host: it can be captured in a CUDA
+graph. Scores use exp2 with log2(e) folded into the query scale.
+"""
+
+import functools
+import math
+
+import torch
+import triton  # type: ignore[import-not-found,import-untyped,unused-ignore]
+import triton.language as tl  # type: ignore[import-not-found,import-untyped,unused-ignore]
+from torch import Tensor
+
+BLOCK_N = 64  # ring entries per tile: a 64 x 128 bf16 tile of K is 16 KiB
+PROGRAMS_PER_SM = 4  # pass-1 programs wanted per multiprocessor before splitting stops
+NUM_WARPS = 4
+# a running max below any real score but finite, so an all-masked tile gives exp2(0) = 1 for
+# the rescale and exp2(-inf) = 0 for the masked scores, never inf - inf
+EMPTY_MAX = -1.0e30
+
+
+def ring_positions(last: Tensor, capacity: int) -> Tensor:
+    """int64 [slots, capacity]: the position each ring entry holds, for queries at `last`."""
+    index = torch.arange(capacity, device=last.device)
+    return last[:, None] - torch.remainder(last[:, None] - index[None, :], capacity)
+
+
+def ring_attention_reference(
+    q: Tensor, keys: Tensor, values: Tensor, last: Tensor, context: int
+) -> Tensor:
+    """Plain fp32 softmax(q k^T / sqrt(d)) v over the valid ring entries; returns q's dtype."""
+    head_dim = q.shape[-1]
+    positions = ring_positions(last, keys.shape[2])  # [slots, capacity]
+    valid = (positions >= 0) & (positions > last[:, None] - context)
+    scores = torch.einsum("bhd,bhnd->bhn", q.float(), keys.float()) / math.sqrt(head_dim)
+    scores = scores.masked_fill(~valid[:, None, :], float("-inf"))
+    weights = torch.softmax(scores, dim=-1)
+    return torch.einsum("bhn,bhnd->bhd", weights, values.float()).to(q.dtype)
+
+
+@triton.jit  # type: ignore[untyped-decorator,unused-ignore]
+def _ring_split_kernel(  # type: ignore[no-untyped-def,unused-ignore]
+    q_ptr,
+    k_ptr,
+    v_ptr,
+    last_ptr,
+    max_ptr,
+    sum_ptr,
+    acc_ptr,
+    stride_q_slot,
+    stride_q_head,
+    heads,
+    capacity,
+    context,
+    split_frames,
+    splits,
+    qk_scale_log2,
+    head_dim: tl.constexpr,
+    block_n: tl.constexpr,
+    empty: tl.constexpr,
+):
+    row = tl.program_id(0)  # slot * heads + head
+    split = tl.program_id(1)
+    slot = row // heads
+    head = row % heads
+    last = tl.load(last_ptr + slot)
+    dims = tl.arange(0, head_dim)
+    q = tl.load(q_ptr + slot * stride_q_slot + head * stride_q_head + dims).to(tl.float32)
+    q = q * qk_scale_log2
+    ring = row.to(tl.int64) * capacity * head_dim  # keys/values contiguous [rows, cap, dim]
+    lo = split * split_frames
+    hi = tl.minimum(lo + split_frames, capacity)
+    run_max = tl.full((), empty, tl.float32)
+    run_sum = tl.zeros((), tl.float32)
+    acc = tl.zeros((head_dim,), tl.float32)
+    for start in range(lo, hi, block_n):
+        index = start + tl.arange(0, block_n)
+        # last - index + capacity > 0, so the remainder is the mathematical modulo
+        position = last - (last - index + capacity) % capacity
+        valid = (index < hi) & (position >= 0) & (position > last - context)
+        offsets = ring + index[:, None].to(tl.int64) * head_dim + dims[None, :]
+        k = tl.load(k_ptr + offsets, mask=valid[:, None], other=0.0).to(tl.float32)
+        scores = tl.sum(k * q[None, :], axis=1)  # [block_n], log2 units
+        scores = tl.where(valid, scores, float("-inf"))
+        new_max = tl.maximum(run_max, tl.max(scores, axis=0))
+        rescale = tl.exp2(run_max - new_max)
+        weights = tl.exp2(scores - new_max)
+        v = tl.load(v_ptr + offsets, mask=valid[:, None], other=0.0).to(tl.float32)
+        acc = acc * rescale + tl.sum(weights[:, None] * v, axis=0)
+        run_sum = run_sum * rescale + tl.sum(weights, axis=0)
+        run_max = new_max
+    partial = row * splits + split
+    tl.store(max_ptr + partial, run_max)
+    tl.store(sum_ptr + partial, run_sum)
+    tl.store(acc_ptr + partial.to(tl.int64) * head_dim + dims, acc)
+
+
+@triton.jit  # type: ignore[untyped-decorator,unused-ignore]
+def _ring_combine_kernel(  # type: ignore[no-untyped-def,unused-ignore]
+    max_ptr,
+    sum_ptr,
+    acc_ptr,
+    out_ptr,
+    splits,
+    head_dim: tl.constexpr,
+    splits_pow2: tl.constexpr,
+    empty: tl.constexpr,
+):
+    row = tl.program_id(0)
+    parts = tl.arange(0, splits_pow2)
+    present = parts < splits
+    partial = row * splits + parts
+    part_max = tl.load(max_ptr + partial, mask=present, other=empty)
+    part_sum = tl.load(sum_ptr + partial, mask=present, other=0.0)
+    dims = tl.arange(0, head_dim)
+    part_acc = tl.load(
+        acc_ptr + partial[:, None].to(tl.int64) * head_dim + dims[None, :],
+        mask=present[:, None],
+        other=0.0,
+    )
+    # splits with no valid entry carry empty and a zero sum: their weight underflows to 0
+    scale = tl.exp2(part_max - tl.max(part_max, axis=0))
+    total = tl.sum(part_sum * scale, axis=0)
+    out = tl.sum(part_acc * scale[:, None], axis=0) / total
+    tl.store(out_ptr + row.to(tl.int64) * head_dim + dims, out.to(out_ptr.dtype.element_ty))
+
+
+@functools.lru_cache(maxsize=8)
+def _multiprocessors(device: torch.device) -> int:
+    if device.type != "cuda":
+        return 4  # the interpreter on CPU: a few splits keep the combine path exercised
+    return int(torch.cuda.get_device_properties(device).multi_processor_count)
+
+
+def default_splits(rows: int, capacity: int, device: torch.device) -> int:
+    """Splits per (slot, head) so that pass 1 has ~PROGRAMS_PER_SM programs per SM."""
+    wanted = math.ceil(PROGRAMS_PER_SM * _multiprocessors(device) / rows)
+    return max(1, min(wanted, math.ceil(capacity / BLOCK_N)))
+
+
+def ring_attention(
+    q: Tensor,
+    keys: Tensor,
+    values: Tensor,
+    last: Tensor,
+    context: int,
+    splits: int | None = None,
+) -> Tensor:
+    """Decode attention of q over the ring (module docstring); returns [slots, heads, head_dim]
+    in q's dtype. `splits` overrides the split count (tests use it to force the combine)."""
+    slots, heads, head_dim = q.shape
+    capacity = keys.shape[2]
+    assert keys.shape == (slots, heads, capacity, head_dim), (keys.shape, q.shape)
+    assert values.shape == keys.shape, (values.shape, keys.shape)
+    assert keys.is_contiguous(), "the key ring must be contiguous"
+    assert values.is_contiguous(), "the value ring must be contiguous"
+    assert q.stride(2) == 1, f"q's head_dim must be unit-stride, strides {q.stride()}"
+    assert q.dtype == keys.dtype == values.dtype, (q.dtype, keys.dtype, values.dtype)
+    assert q.dtype in (torch.float32, torch.float16, torch.bfloat16), q.dtype
+    assert last.shape == (slots,), (last.shape, slots)
+    assert last.dtype == torch.int64, last.dtype
+    assert q.device == keys.device == values.device == last.device, "tensors on one device"
+    assert head_dim in (16, 32, 64, 128, 256), f"head_dim {head_dim} must be a power of two"
+    assert 1 <= context <= capacity, (context, capacity)
+    rows = slots * heads
+    if splits is None:
+        splits = default_splits(rows, capacity, q.device)
+    split_frames = BLOCK_N * math.ceil(capacity / (splits * BLOCK_N))
+    splits = math.ceil(capacity / split_frames)  # no split left empty by the rounding
+    part_max = torch.empty(rows * splits, device=q.device, dtype=torch.float32)
+    part_sum = torch.empty(rows * splits, device=q.device, dtype=torch.float32)
+    part_acc = torch.empty(rows * splits, head_dim, device=q.device, dtype=torch.float32)
+    out = torch.empty(slots, heads, head_dim, device=q.device, dtype=q.dtype)
+    _ring_split_kernel[(rows, splits)](
+        q,
+        keys,
+        values,
+        last,
+        part_max,
+        part_sum,
+        part_acc,
+        q.stride(0),
+        q.stride(1),
+        heads,
+        capacity,
+        context,
+        split_frames,
+        splits,
+        math.log2(math.e) / math.sqrt(head_dim),
+        head_dim=head_dim,
+        block_n=BLOCK_N,
+        empty=EMPTY_MAX,
+        num_warps=NUM_WARPS,
+    )
+    _ring_combine_kernel[(rows,)](
+        part_max,
+        part_sum,
+        part_acc,
+        out,
+        splits,
+        head_dim=head_dim,
+        splits_pow2=triton.next_power_of_2(splits),
+        empty=EMPTY_MAX,
+        num_warps=NUM_WARPS,
+    )
+    return out

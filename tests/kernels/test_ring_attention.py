@@ -1,0 +1,126 @@
+"""The ring decode-attention kernel against its fp32 torch reference.
+
+On a machine without CUDA the kernel runs in Triton's interpreter (small shapes); on a GPU it
+is compiled. Without triton (CI's CPU torch does not pull it in) the module is skipped.
+"""
+
+import os
+
+import pytest
+
+torch = pytest.importorskip("torch")
+if not torch.cuda.is_available():
+    # must precede the first import of triton: the interpreter is chosen when kernels are
+    # decorated
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+pytest.importorskip("triton", reason="triton is not installed (CPU torch does not bring it)")
+
+from engine.models.moshi.attention import ring_mask  # noqa: E402
+from kernels.ring_attention import (  # noqa: E402
+    ring_attention,
+    ring_attention_reference,
+    ring_positions,
+)
+
+DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+TOLERANCE = {torch.float32: 1e-5, torch.bfloat16: 1e-2, torch.float16: 2e-3}
+
+
+def _inputs(
+    slots: int, heads: int, capacity: int, head_dim: int, dtype: torch.dtype, seed: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    generator = torch.Generator().manual_seed(seed)
+    shape = (slots, heads, capacity, head_dim)
+    q = torch.randn(slots, heads, head_dim, generator=generator) * 2
+    keys = torch.randn(shape, generator=generator)
+    values = torch.randn(shape, generator=generator)
+    return q.to(DEVICE, dtype), keys.to(DEVICE, dtype), values.to(DEVICE, dtype)
+
+
+def _relative_error(got: torch.Tensor, want: torch.Tensor) -> float:
+    got64, want64 = got.double(), want.double()
+    return float((got64 - want64).norm() / want64.norm())
+
+
+def _positions(slots: int, capacity: int) -> torch.Tensor:
+    """Query positions: fresh (0, a few), just before/at/after the first wrap, long after it;
+    cycled over the slots."""
+    kinds = [0, 3, 1, capacity - 2, capacity - 1, capacity, capacity + 1, 13 * capacity + 5]
+    return torch.tensor([kinds[i % len(kinds)] for i in range(slots)], device=DEVICE)
+
+
+@pytest.mark.parametrize(
+    ("slots", "heads", "capacity", "head_dim", "context", "splits"),
+    [
+        (3, 2, 40, 64, 40, None),  # wraps (positions >= 40), default splits
+        (8, 2, 40, 64, 40, 3),  # every position kind, the combine over 3 splits
+        (8, 1, 200, 64, 200, 1),  # 4 tiles in one program: the online rescale
+        (5, 2, 300, 128, 250, 2),  # several tiles per split and context < capacity
+        (2, 1, 130, 128, 130, 5),  # capacity not a multiple of the tile, last tile partial
+        (8, 1, 40, 128, 17, 2),  # context shorter than the ring
+        (4, 3, 64, 64, 64, 1),  # a single split: the combine is a copy
+    ],
+)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_kernel_matches_reference(
+    slots: int,
+    heads: int,
+    capacity: int,
+    head_dim: int,
+    context: int,
+    splits: int | None,
+    dtype: torch.dtype,
+) -> None:
+    q, keys, values = _inputs(slots, heads, capacity, head_dim, dtype, seed=slots * capacity)
+    last = _positions(slots, capacity)
+    want = ring_attention_reference(q, keys, values, last, context)
+    got = ring_attention(q, keys, values, last, context, splits=splits)
+    assert got.dtype == dtype
+    assert got.shape == q.shape
+    assert torch.isfinite(got).all()
+    assert _relative_error(got, want) <= TOLERANCE[dtype]
+
+
+def test_fresh_slot_ignores_stale_entries() -> None:
+    """A slot reset to position 0 sees only entry 0, whatever the older entries hold."""
+    q, keys, values = _inputs(2, 2, 40, 64, torch.float32, seed=7)
+    keys[:, :, 1:] *= 1e3  # stale history that would dominate the softmax if it leaked
+    last = torch.tensor([0, 0], device=DEVICE, dtype=torch.long)
+    got = ring_attention(q, keys, values, last, 40, splits=3)
+    torch.testing.assert_close(got, values[:, :, 0], rtol=1e-6, atol=1e-6)
+
+
+def test_query_through_a_strided_view() -> None:
+    """The transformer passes q as a permuted view of the fused projection."""
+    q, keys, values = _inputs(3, 4, 40, 64, torch.float32, seed=3)
+    fused = torch.randn(3, 3, 4, 64, device=DEVICE)  # [slots, q/k/v, heads, head_dim]
+    fused[:, 0] = q
+    view = fused[:, 0]
+    assert not view.is_contiguous()
+    last = torch.tensor([5, 45, 90], device=DEVICE, dtype=torch.long)
+    got = ring_attention(view, keys, values, last, 40, splits=2)
+    want = ring_attention_reference(q, keys, values, last, 40)
+    assert _relative_error(got, want) <= TOLERANCE[torch.float32]
+
+
+def test_reference_validity_is_the_transformers_mask() -> None:
+    """The reference's rule is attention.py's ring_mask for one query per slot."""
+    last = torch.tensor([0, 5, 39, 40, 77, 1000], dtype=torch.long)
+    for context in (40, 13):
+        positions = ring_positions(last, 40)
+        valid = (positions >= 0) & (positions > last[:, None] - context)
+        mask = ring_mask(last, 1, 40, context)[:, 0, 0]
+        assert torch.equal(valid, mask)
+
+
+def test_launcher_rejects_bad_layouts() -> None:
+    q, keys, values = _inputs(2, 2, 40, 64, torch.float32, seed=1)
+    last = torch.zeros(2, device=DEVICE, dtype=torch.long)
+    with pytest.raises(AssertionError, match="contiguous"):
+        ring_attention(q, keys.transpose(2, 3).contiguous().transpose(2, 3), values, last, 40)
+    with pytest.raises(AssertionError):
+        ring_attention(q, keys, values, last.int(), 40)
+    with pytest.raises(AssertionError):
+        ring_attention(q.bfloat16(), keys, values, last, 40)
+    with pytest.raises(AssertionError):
+        ring_attention(q, keys, values, last, 41)
