@@ -46,6 +46,8 @@ def _engine_options(p: argparse.ArgumentParser) -> None:
     m.add_argument("--device", default="cpu", help="cpu | cuda | cuda:N")
     m.add_argument("--dtype", choices=["float32", "bfloat16"], help="default: bf16 on CUDA")
     m.add_argument("--greedy", action="store_true", help="greedy decoding instead of sampling")
+    m.add_argument("--voice-prompt", type=Path, help="PersonaPlex: WAV of the voice to speak with")
+    m.add_argument("--text-prompt", help="PersonaPlex: the role text (needs the tokenizer)")
 
 
 def _gateway_options(p: argparse.ArgumentParser) -> None:
@@ -137,6 +139,8 @@ def _engine_argv(a: argparse.Namespace) -> list[str]:
         *([f"--random-weights={a.random_weights}"] if a.random_weights is not None else []),
         *([f"--dtype={a.dtype}"] if a.dtype else []),
         *(["--greedy"] if a.greedy else []),
+        *([f"--voice-prompt={a.voice_prompt}"] if a.voice_prompt else []),
+        *([f"--text-prompt={a.text_prompt}"] if a.text_prompt else []),
     ]
 
 
@@ -264,6 +268,8 @@ def _dispatch(args: argparse.Namespace) -> int:
                     device=args.device,
                     dtype=args.dtype,
                     greedy=args.greedy,
+                    voice_prompt=args.voice_prompt,
+                    text_prompt=args.text_prompt,
                 ),
             )
         )

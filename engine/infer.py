@@ -103,39 +103,29 @@ def resample(pcm: NDArray[np.float32], rate: int, target: int) -> NDArray[np.flo
 
 def run_infer(args: argparse.Namespace) -> int:
     # torch and the model load lazily: the CLI imports this module for its arguments
-    import torch
-
+    from engine.models import ModelOptions, build_model
     from engine.models.moshi.checkpoint import CheckpointError
-    from engine.models.moshi.config import load_config
-    from engine.models.moshi.model import build_moshi
+    from engine.models.moshi.model import MoshiModel
 
     try:
         if (args.checkpoint is None) == (args.random_weights is None):
             raise InputError("give exactly one of --checkpoint DIR and --random-weights SEED")
-        config = load_config(args.config)
         pcm, rate = read_wav(args.input)
-        device = torch.device(args.device)
-        if device.type == "cpu":
-            # small steps on shared cores: a thread pool's barriers cost more than they save
-            torch.set_num_threads(args.cpu_threads)
-        dtype_name = args.dtype or ("bfloat16" if device.type == "cuda" else "float32")
-        model = build_moshi(
-            config,
-            1,
-            device,
-            getattr(torch, dtype_name),
-            checkpoint_dir=args.checkpoint,
-            random_weights_seed=args.random_weights,
+        options = ModelOptions(
+            checkpoint=args.checkpoint,
+            config=args.config,
+            random_weights=args.random_weights,
+            device=args.device,
+            dtype=args.dtype,
             greedy=args.greedy,
-            sampling_seed=args.seed,
+            seed=args.seed,
+            cpu_threads=args.cpu_threads,
+            voice_prompt=args.voice_prompt,
+            text_prompt=args.text_prompt,
         )
+        model = build_model("moshi", 1, options)
+        assert isinstance(model, MoshiModel)
         frame = model.frame
-        if args.voice_prompt is not None or args.text_prompt is not None:
-            voice = None
-            if args.voice_prompt is not None:
-                voice_pcm, voice_rate = read_wav(args.voice_prompt)
-                voice = resample(voice_pcm, voice_rate, frame.sample_rate)
-            model.set_personaplex_prompt(voice, args.text_prompt)
     except (InputError, CheckpointError, ValueError) as error:
         sys.stderr.write(f"cadence infer: {error}\n")
         return EXIT_USAGE

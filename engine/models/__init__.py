@@ -18,7 +18,10 @@ class ModelOptions:
     device: str = "cpu"
     dtype: str | None = None  # float32 | bfloat16; default bfloat16 on CUDA, float32 on CPU
     greedy: bool = False
+    seed: int = 0  # sampling seed
     cpu_threads: int = 1  # torch intra-op threads on CPU; more only pays for large models
+    voice_prompt: Path | None = None  # PersonaPlex: a WAV of the voice to speak with
+    text_prompt: str | None = None  # PersonaPlex: the role text (needs the tokenizer)
 
     def check(self, model: str) -> None:
         if model == "moshi" and (self.checkpoint is None) == (self.random_weights is None):
@@ -48,7 +51,7 @@ def build_model(name: str, slots: int, options: ModelOptions | None = None) -> M
             # small steps on shared cores: a thread pool's barriers cost more than they save
             torch.set_num_threads(options.cpu_threads)
         dtype = options.dtype or ("bfloat16" if device.type == "cuda" else "float32")
-        return build_moshi(
+        model = build_moshi(
             load_config(options.config),
             slots,
             device,
@@ -56,5 +59,15 @@ def build_model(name: str, slots: int, options: ModelOptions | None = None) -> M
             checkpoint_dir=options.checkpoint,
             random_weights_seed=options.random_weights,
             greedy=options.greedy,
+            sampling_seed=options.seed,
         )
+        if options.voice_prompt is not None or options.text_prompt is not None:
+            from engine.infer import read_wav, resample
+
+            voice = None
+            if options.voice_prompt is not None:
+                pcm, rate = read_wav(options.voice_prompt)
+                voice = resample(pcm, rate, model.frame.sample_rate)
+            model.set_personaplex_prompt(voice, options.text_prompt)
+        return model
     raise ValueError(f"unknown model {name!r}; choose one of {', '.join(MODELS)}")
