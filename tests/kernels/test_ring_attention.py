@@ -8,15 +8,18 @@ import os
 
 import pytest
 
-torch = pytest.importorskip("torch")
+pytest.importorskip("torch")
+
+import torch
+
 if not torch.cuda.is_available():
     # must precede the first import of triton: the interpreter is chosen when kernels are
     # decorated
     os.environ.setdefault("TRITON_INTERPRET", "1")
 pytest.importorskip("triton", reason="triton is not installed (CPU torch does not bring it)")
 
-from engine.models.moshi.attention import ring_mask  # noqa: E402
-from kernels.ring_attention import (  # noqa: E402
+from engine.models.moshi.attention import ring_mask
+from kernels.ring_attention import (
     ring_attention,
     ring_attention_reference,
     ring_positions,
