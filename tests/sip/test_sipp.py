@@ -177,6 +177,7 @@ def test_hold_stops_sending_and_resume_restarts(served: tuple[Served, int], tmp_
     peer = RtpPeer("PCMU", 20, band_limited_noise(1.0))
     try:
         sipp = start_sipp(tmp_path, "hold.xml", sip_port, duration_ms=2000, keys=_call_keys(peer))
+        call_id = _live_call(server)["id"]
         states = []
         deadline = time.monotonic() + 8.0
         while sipp.process.poll() is None and time.monotonic() < deadline:
@@ -188,6 +189,10 @@ def test_hold_stops_sending_and_resume_restarts(served: tuple[Served, int], tmp_
         peer.stop()
     assert "held" in states
     assert states[-1] == "live"
+    record = _final_record(server, call_id)
+    # the engine kept ticking the slot through the hold
+    assert record["engine"]["ticks"] >= 0.9 * record["duration_s"] / 0.08
+    assert record["sip"]["rtp"]["held"] >= 1.5 / 0.02
     arrivals = [h.arrival_s for h in peer.heard]
     longest_gap = max(b - a for a, b in itertools.pairwise(arrivals))
     assert 1.5 < longest_gap < 2.6, f"no silence while held: longest gap {longest_gap:.2f} s"
@@ -311,4 +316,47 @@ def test_outbound_call_through_the_api(
     peak, delay_s = echo_delay(peer)
     log.info("outbound: correlation %.3f, server-side delay %.1f ms", peak, delay_s * 1e3)
     assert peak > 0.8
+    _idle(server)
+
+
+def _ended(served: Served, call_id: str) -> dict[str, Any]:
+    deadline = time.monotonic() + 10.0
+    while time.monotonic() < deadline:
+        status, body = served.get(f"/v1/calls/{call_id}")
+        if status == 410:
+            record: dict[str, Any] = body["call"]
+            return record
+        time.sleep(0.1)
+    raise AssertionError(f"call {call_id} did not end")
+
+
+def test_outbound_call_to_a_busy_callee(served: tuple[Served, int], tmp_path: Path) -> None:
+    server, _ = served
+    callee_port = free_port()
+    sipp = start_sipp(tmp_path, "uas_busy.xml", None, local_port=callee_port)
+    status, body = http_json(
+        "POST", f"{server.url}/v1/calls/sip", {"uri": f"sip:echo@127.0.0.1:{callee_port}"}
+    )
+    assert status == 201, body
+    record = _ended(server, body["id"])
+    assert sipp.wait(30) == 0, sipp.errors()
+    assert record["end_reason"] == "rejected"
+    assert record["sip"]["status"] == 486
+    _idle(server)
+
+
+def test_outbound_hangup_while_ringing_cancels(served: tuple[Served, int], tmp_path: Path) -> None:
+    server, _ = served
+    callee_port = free_port()
+    sipp = start_sipp(tmp_path, "uas_cancel.xml", None, local_port=callee_port)
+    status, body = http_json(
+        "POST", f"{server.url}/v1/calls/sip", {"uri": f"sip:echo@127.0.0.1:{callee_port}"}
+    )
+    assert status == 201, body
+    deadline = time.monotonic() + 5.0
+    while server.get(f"/v1/calls/{body['id']}")[1]["state"] != "ringing":
+        assert time.monotonic() < deadline, "the callee never rang"
+        time.sleep(0.05)
+    assert http_json("DELETE", f"{server.url}/v1/calls/{body['id']}")[0] == 200
+    assert sipp.wait(30) == 0, sipp.errors()  # it saw our CANCEL and its 487 was acknowledged
     _idle(server)
