@@ -4,6 +4,7 @@ Inbound:
     INVITE ─► IncomingCall ─► negotiate (PCMU/PCMA, telephone-event) ─► admit with the engine
           refused ─► 503 + Retry-After (or 486)          no usable codec ─► 488
           admitted ─► 180 ─► (ring time) ─► RTP port ─► 200 + SDP ─► ACK: live
+          (an INVITE without SDP: our offer goes in the 200, the ACK's answer starts media)
     re-INVITE ─► HoldChanged ─► stop or resume sending (the slot keeps ticking)
     BYE, CANCEL, session expiry ─► CallEnded ─► CallRegistry.end
     DELETE /v1/calls/{id}, no RTP for rtp_timeout_s, gateway stopping ─► CallRegistry.end
@@ -80,7 +81,8 @@ class PhoneCall:
     outbound: bool = False
     status: int | None = None  # the final SIP status of a refused outbound call
     dtmf: list[str] = field(default_factory=list)
-    decoder: G711Decoder | None = None  # outbound: switched to the answer's codec
+    decoder: G711Decoder | None = None  # switched to the answer's codec after our offer
+    awaiting_answer: bool = False  # we offered in our 200 (late offer): the ACK answers
 
 
 class PhoneBridge:
@@ -136,10 +138,13 @@ class PhoneBridge:
             return
         if isinstance(event, CallConfirmed) and phone.call is not None:
             phone.call.state = "live"
+            if phone.awaiting_answer:
+                dialog = self.agent.calls.get(phone.sip_call_id)
+                self._answered(phone, phone.call, dialog.remote_sdp if dialog else None)
         elif isinstance(event, CallRinging) and phone.call is not None:
             phone.call.state = "ringing"
         elif isinstance(event, CallAnswered) and phone.call is not None:
-            self._answered(phone, phone.call, event)
+            self._answered(phone, phone.call, event.remote_sdp)
         elif isinstance(event, HoldChanged) and phone.rtp is not None:
             self._hold(phone, phone.rtp, event)
         elif isinstance(event, CallEnded):
@@ -167,13 +172,15 @@ class PhoneBridge:
     async def _incoming(self, phone: PhoneCall, event: IncomingCall) -> None:
         sip_id = event.call_id
         offered = event.remote_sdp
-        stream = _negotiate(offered, self.config.sip_address) if offered else None
-        if offered is None or stream is None:
+        # without an offer in the INVITE (a "late offer"), we offer in the 200 and the ACK answers
+        address = self.config.sip_address
+        stream = _provisional(address) if offered is None else _negotiate(offered, address)
+        if stream is None:
             log.info("SIP call %s refused: no PCMU/PCMA audio offered", sip_id)
             self._command(lambda now: self.agent.reject(sip_id, UNSUPPORTED_MEDIA, now))
             self.phones.pop(sip_id, None)
             return
-        decoder = G711Decoder(stream.codec)
+        decoder = phone.decoder = G711Decoder(stream.codec)
         try:
             call = await self.calls.start_sip(decoder, stream.ptime_ms * decoder.rate // 1000)
         except CallRefused as refused:
@@ -194,7 +201,7 @@ class PhoneBridge:
             await self.calls.end(call.id, "setup_failed")
 
     async def _answer(
-        self, phone: PhoneCall, call: Call, offered: SessionDescription, stream: AudioStream
+        self, phone: PhoneCall, call: Call, offered: SessionDescription | None, stream: AudioStream
     ) -> None:
         sip_id = phone.sip_call_id
         if phone.gone is None:
@@ -213,9 +220,13 @@ class PhoneBridge:
         if phone.gone is not None:
             await self.calls.end(call.id, phone.gone)
             return
-        local = _answer(offered, self.config.sip_address, rtp, self._rng)
+        if offered is None:
+            local = self._offer(rtp)
+            phone.awaiting_answer = True  # media starts when the ACK brings the answer
+        else:
+            local = _answer(offered, self.config.sip_address, rtp, self._rng)
+            self.pacer.add(rtp)
         self._command(lambda now: self.agent.answer(sip_id, local, now))
-        self.pacer.add(rtp)
         log.info(
             "call %s answered: SIP %s from %s, %s %d ms",
             call.id,
@@ -242,15 +253,9 @@ class PhoneBridge:
         phone.outbound, phone.call, phone.decoder = True, call, decoder
         call.on_end = lambda reason: self._hang_up(phone, reason)
         call.describe = lambda: self._describe(phone)
-        address = self.config.sip_address
-        provisional = AudioStream(
-            0, "PCMU", OFFERED_EVENT, OFFERED_PTIME_MS, address, 0, "inactive"
-        )
         try:
-            rtp = await self._open_rtp(phone, call, provisional)
-            port = rtp.local[1] if rtp.local is not None else 0
-            origin = Origin("cadence", self._rng.getrandbits(31), 1, address)
-            local = offer(origin, address, port, telephone_event=OFFERED_EVENT)
+            rtp = await self._open_rtp(phone, call, _provisional(self.config.sip_address))
+            local = self._offer(rtp)
             sip_id, outputs = self.agent.dial(uri, local, time.monotonic(), credentials=credentials)
         except (OSError, SipParseError) as error:
             await self.calls.end(call.id, "dial_failed")
@@ -261,8 +266,17 @@ class PhoneBridge:
         log.info("call %s dialling %s (SIP %s)", call.id, uri, sip_id)
         return call
 
-    def _answered(self, phone: PhoneCall, call: Call, event: CallAnswered) -> None:
-        stream = accepted_stream(event.remote_sdp) if event.remote_sdp is not None else None
+    def _offer(self, rtp: RtpStream) -> SessionDescription:
+        """Our offer: PCMU, PCMA, telephone-event, 20 ms packets, at the stream's port."""
+        address = self.config.sip_address
+        port = rtp.local[1] if rtp.local is not None else 0
+        origin = Origin("cadence", self._rng.getrandbits(31), 1, address)
+        return offer(origin, address, port, telephone_event=OFFERED_EVENT)
+
+    def _answered(self, phone: PhoneCall, call: Call, remote: SessionDescription | None) -> None:
+        """The answer to our offer arrived (outbound 2xx, or the ACK of a late offer)."""
+        phone.awaiting_answer = False
+        stream = accepted_stream(remote) if remote is not None else None
         if stream is None or phone.rtp is None or phone.decoder is None:
             log.warning("call %s: the answer has no PCMU/PCMA audio", call.id)
             self._spawn(self._end(call.id, "bad_answer"))
@@ -354,6 +368,11 @@ class PhoneBridge:
                 if rtp is not None and call is not None and rtp.timeout.expired(now):
                     log.warning("call %s: no RTP for %.0f s", call.id, rtp.timeout.timeout_s)
                     await self.calls.end(call.id, "rtp_timeout")
+
+
+def _provisional(address: str) -> AudioStream:
+    """Media before the peer's answer to our offer: PCMU/20 ms assumed, nothing sent."""
+    return AudioStream(0, "PCMU", OFFERED_EVENT, OFFERED_PTIME_MS, address, 0, "inactive")
 
 
 def _negotiate(offer: SessionDescription, address: str) -> AudioStream | None:

@@ -360,3 +360,21 @@ def test_outbound_hangup_while_ringing_cancels(served: tuple[Served, int], tmp_p
     assert http_json("DELETE", f"{server.url}/v1/calls/{body['id']}")[0] == 200
     assert sipp.wait(30) == 0, sipp.errors()  # it saw our CANCEL and its 487 was acknowledged
     _idle(server)
+
+
+def test_late_offer_is_answered_in_the_ack(served: tuple[Served, int], tmp_path: Path) -> None:
+    server, sip_port = served
+    peer = RtpPeer("PCMA", 20, band_limited_noise(4.0))
+    try:
+        sipp = start_sipp(
+            tmp_path, "late_offer.xml", sip_port, duration_ms=4000, keys=_call_keys(peer)
+        )
+        time.sleep(2.0)
+        record = _live_call(server)
+        assert sipp.wait(30) == 0, sipp.errors()
+    finally:
+        peer.stop()
+    assert record["sip"]["codec"] == "PCMA"  # from the answer in the ACK
+    peak, _ = echo_delay(peer)
+    assert peak > 0.8
+    _idle(server)
