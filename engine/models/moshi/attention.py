@@ -10,9 +10,14 @@ position, so calls that joined at different ticks attend only to their own past:
 A ring index j holds the newest position p <= last with p = j (mod capacity), where
 `last = start + T - 1`; it is valid when p >= 0 and within `context` of the query. Nothing is
 cleared on reset: a reset slot starts at position 0, so every older entry maps to p < 0.
+
+A decode step (T = 1) on CUDA may pass `RingDecode` instead of a mask: attention then runs in
+the Triton kernel of kernels/ring_attention.py, which derives validity from `start` itself and
+skips the mask over the whole ring that keeps SDPA off its fast kernels.
 """
 
 import math
+from dataclasses import dataclass
 
 import torch
 from torch import Tensor, nn
@@ -71,6 +76,23 @@ def ring_write(ring: Tensor, new: Tensor, start: Tensor) -> None:
     ring.scatter_(2, index.view(batch, 1, steps, 1).expand(-1, heads, -1, head_dim), new)
 
 
+@dataclass(frozen=True)
+class RingDecode:
+    """Attend one query per slot through the ring decode kernel, within `context` frames."""
+
+    context: int
+
+
+def ring_decode(q: Tensor, keys: Tensor, values: Tensor, start: Tensor, context: int) -> Tensor:
+    """q: [B, H, 1, D] -> [B, H, 1, D] through the Triton kernel (CUDA, or its interpreter)."""
+    # imported here: triton is absent from CPU-only installs, which never take this path
+    from kernels.ring_attention import ring_attention
+
+    if q.shape[2] != 1:
+        raise ValueError(f"ring decode attends one query per slot, got {q.shape[2]}")
+    return ring_attention(q[:, :, 0], keys, values, start, context)[:, :, None]
+
+
 class RingAttention(nn.Module):
     """Multi-head self-attention, fused q/k/v projection, no biases, optional RoPE."""
 
@@ -90,9 +112,10 @@ class RingAttention(nn.Module):
         self.out_proj = nn.Linear(dim, dim, bias=False, device=device, dtype=dtype)
 
     def forward(
-        self, x: Tensor, start: Tensor, keys: Tensor, values: Tensor, mask: Tensor
+        self, x: Tensor, start: Tensor, keys: Tensor, values: Tensor, mask: Tensor | RingDecode
     ) -> Tensor:
-        """x: [B, T, dim]; keys/values: this layer's ring [B, H, capacity, head_dim]."""
+        """x: [B, T, dim]; keys/values: this layer's ring [B, H, capacity, head_dim]; mask:
+        bool [B, 1, T, capacity] (see ring_mask), or RingDecode for the kernel when T = 1."""
         batch, steps, dim = x.shape
         qkv = self.in_proj(x).view(batch, steps, 3, self.num_heads, dim // self.num_heads)
         q, k, v = qkv.permute(2, 0, 3, 1, 4).unbind(0)  # each [B, H, T, head_dim]
@@ -102,6 +125,9 @@ class RingAttention(nn.Module):
             k = apply_rope(k, positions, self.max_period)
         ring_write(keys, k, start)
         ring_write(values, v, start)
-        out = functional.scaled_dot_product_attention(q, keys, values, attn_mask=mask)
+        if isinstance(mask, RingDecode):
+            out = ring_decode(q, keys, values, start, mask.context)
+        else:
+            out = functional.scaled_dot_product_attention(q, keys, values, attn_mask=mask)
         projected: Tensor = self.out_proj(out.transpose(1, 2).reshape(batch, steps, dim))
         return projected

@@ -8,13 +8,18 @@ Pre-norm layers (RMSNorm fp32, eps 1e-8), RoPE attention over a per-slot KV ring
 
 Unlike Kyutai's reference (a fixed 3000-frame ring per call, 4 minutes), the ring length is the
 configured context (default 1500 frames = 2 minutes); within it the outputs are the same.
+
+The per-tick `step` attends through the Triton ring decode kernel on CUDA (no mask over the
+ring); `decode_kernel=False` keeps torch's SDPA with a mask, for comparison, and True forces
+the kernel on CPU too (Triton's interpreter, for tests). `prefill` (T > 1 frames of one slot)
+always takes the masked SDPA path.
 """
 
 import torch
 from torch import Tensor, nn
 from torch.nn import functional
 
-from engine.models.moshi.attention import RingAttention, RmsNorm, ring_mask
+from engine.models.moshi.attention import RingAttention, RingDecode, RmsNorm, ring_mask
 
 RMS_EPS = 1e-8
 
@@ -55,7 +60,7 @@ class TemporalLayer(nn.Module):
         self.gating = GatedFfn(dim, ffn_hidden, device, dtype)
 
     def forward(
-        self, x: Tensor, start: Tensor, keys: Tensor, values: Tensor, mask: Tensor
+        self, x: Tensor, start: Tensor, keys: Tensor, values: Tensor, mask: Tensor | RingDecode
     ) -> Tensor:
         x = x + self.self_attn(self.norm1(x), start, keys, values, mask)
         update: Tensor = self.gating(self.norm2(x))
@@ -75,9 +80,12 @@ class TemporalTransformer(nn.Module):
         slots: int,
         device: torch.device,
         dtype: torch.dtype,
+        decode_kernel: bool | None = None,
     ) -> None:
         super().__init__()
         self.context = context
+        # None: the kernel on CUDA only. Read at every step: set it before a graph is captured
+        self.decode_kernel = decode_kernel
         self.layers = nn.ModuleList(
             TemporalLayer(dim, num_heads, ffn_hidden, max_period, device, dtype)
             for _ in range(num_layers)
@@ -98,7 +106,8 @@ class TemporalTransformer(nn.Module):
 
     def step(self, x: Tensor) -> Tensor:
         """x: [slots, 1, dim] -> [slots, 1, dim]; every slot advances one position."""
-        out = self._run(x, self.positions, self.keys, self.values)
+        decode = x.is_cuda if self.decode_kernel is None else self.decode_kernel
+        out = self._run(x, self.positions, self.keys, self.values, decode)
         self.positions.add_(1)
         return out
 
@@ -107,12 +116,14 @@ class TemporalTransformer(nn.Module):
         if x.shape[1] > self.context:
             raise ValueError(f"prefill of {x.shape[1]} frames exceeds the context {self.context}")
         s = slice(slot, slot + 1)
-        out = self._run(x, self.positions[s], self.keys[:, s], self.values[:, s])
+        out = self._run(x, self.positions[s], self.keys[:, s], self.values[:, s], False)
         self.positions[s] += x.shape[1]
         return out
 
-    def _run(self, x: Tensor, start: Tensor, keys: Tensor, values: Tensor) -> Tensor:
-        mask = ring_mask(start, x.shape[1], self.context, self.context)
+    def _run(self, x: Tensor, start: Tensor, keys: Tensor, values: Tensor, decode: bool) -> Tensor:
+        mask: Tensor | RingDecode = RingDecode(self.context)
+        if not decode:
+            mask = ring_mask(start, x.shape[1], self.context, self.context)
         for index, layer in enumerate(self.layers):
             x = layer(x, start, keys[index], values[index], mask)
         return x

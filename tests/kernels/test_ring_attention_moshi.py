@@ -1,0 +1,98 @@
+"""Moshi with the ring decode kernel gives the torch path's greedy tokens (fp32).
+
+The LM test runs anywhere triton imports (Triton's interpreter on CPU); the whole-model test
+needs CUDA: it captures the kernel inside the graph executor's CUDA graph and compares it with
+the eager torch path while calls join, leave and their rings wrap.
+"""
+
+import dataclasses
+import os
+
+import numpy as np
+import pytest
+
+pytest.importorskip("torch")
+
+import torch
+
+if not torch.cuda.is_available():
+    # must precede the first import of triton (see test_ring_attention.py)
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+pytest.importorskip("triton", reason="triton is not installed (CPU torch does not bring it)")
+
+from engine.executors.eager import EagerExecutor
+from engine.executors.graph import GraphExecutor
+from engine.models.moshi.config import load_config
+from engine.models.moshi.lm import MoshiLm
+from engine.models.moshi.model import MoshiModel, build_moshi, randomize
+from engine.models.moshi.sampling import Sampling
+
+DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+GREEDY = Sampling(greedy=True, temperature=1.0, top_k=1)
+SLOTS = 3
+# the whole model keeps the tiny config's 64-frame ring: 90 steps wrap it, and slots restart
+# mid-run with stale entries in their rings
+STEPS = 90
+RESETS = {0: [0, 1, 2], 30: [1], 75: [2]}
+# the LM alone runs in Triton's interpreter on CPU (~0.1 s a launch): a 16-frame ring
+LM_CONTEXT = 16
+LM_STEPS = 24
+LM_RESETS = {0: [0, 1, 2], 9: [1], 20: [2]}
+
+
+def _lm(decode_kernel: bool) -> MoshiLm:
+    config = dataclasses.replace(load_config("tiny").lm, context=LM_CONTEXT)
+    assert config.context < LM_STEPS  # slot 0 wraps its ring
+    lm = MoshiLm(config, SLOTS, DEVICE, torch.float32, GREEDY, GREEDY, None)
+    randomize(lm, 3)
+    lm.transformer.decode_kernel = decode_kernel
+    return lm
+
+
+def _frames(lm: MoshiLm, user: torch.Tensor) -> torch.Tensor:
+    frames = []
+    for t in range(user.shape[0]):
+        reset = torch.zeros(SLOTS, dtype=torch.bool, device=DEVICE)
+        reset[LM_RESETS.get(t, [])] = True
+        frame, _ = lm.step(user[t], reset)
+        frames.append(frame)
+    return torch.stack(frames)
+
+
+def test_lm_greedy_tokens_identical_with_kernel() -> None:
+    generator = torch.Generator().manual_seed(0)
+    user = torch.randint(0, 64, (LM_STEPS, SLOTS, 8), generator=generator).to(DEVICE)
+    with torch.no_grad():
+        want = _frames(_lm(decode_kernel=False), user)
+        got = _frames(_lm(decode_kernel=True), user)
+    assert len(torch.unique(want)) > 8  # the tokens carry information
+    assert torch.equal(got, want)
+
+
+def _model(decode_kernel: bool) -> MoshiModel:
+    model = build_moshi(
+        load_config("tiny"), SLOTS, DEVICE, torch.float32, random_weights_seed=5, greedy=True
+    )
+    model.lm.transformer.decode_kernel = decode_kernel
+    return model
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_graph_with_kernel_matches_eager_torch_path() -> None:
+    torch.backends.cuda.matmul.allow_tf32 = False
+    eager = EagerExecutor(_model(decode_kernel=False))
+    graph = GraphExecutor(_model(decode_kernel=True))
+    rng = np.random.default_rng(0)
+    active = np.ones(SLOTS, np.bool_)
+    tokens = []
+    for step in range(STEPS):
+        reset = np.zeros(SLOTS, np.bool_)
+        reset[RESETS.get(step, [])] = True
+        pcm = (rng.standard_normal((SLOTS, 1920)) * 0.1).astype(np.float32)
+        want = eager.run(pcm, reset, active)
+        got = graph.run(pcm, reset, active)
+        np.testing.assert_array_equal(got.tokens, want.tokens, err_msg=f"step {step}")
+        np.testing.assert_allclose(got.pcm, want.pcm, atol=1e-5, err_msg=f"step {step}")
+        tokens.append(got.tokens)
+    assert len(np.unique(np.stack(tokens))) > 8
