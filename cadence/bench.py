@@ -24,24 +24,11 @@ from pathlib import Path
 from typing import Any
 
 from cadence.supervise import engine_status
+from engine.control import ask
 
 log = logging.getLogger(__name__)
 
 PROGRESS_EVERY_S = 10.0
-
-
-def _ask(sock: socket.socket, request: dict[str, Any]) -> dict[str, Any]:
-    sock.sendall(json.dumps(request).encode() + b"\n")
-    data = b""
-    while not data.endswith(b"\n"):
-        chunk = sock.recv(65536)
-        if not chunk:
-            raise ConnectionError("the engine closed its control socket")
-        data += chunk
-    reply = json.loads(data)
-    if not isinstance(reply, dict):
-        raise ConnectionError("malformed reply from the engine")
-    return reply
 
 
 def _versions() -> dict[str, str]:
@@ -83,7 +70,7 @@ def bench_engine(args: argparse.Namespace, engine_argv: list[str]) -> int:
         with socket.socket(socket.AF_UNIX) as sock:
             sock.connect(str(control))
             for i in range(args.slots):
-                reply = _ask(sock, {"op": "open", "call_id": f"bench-{i}"})
+                reply = ask(sock, {"op": "open", "call_id": f"bench-{i}"})
                 if not reply.get("ok"):
                     log.error("call %d refused: %s", i, reply.get("reason"))
                     return 1
@@ -91,14 +78,14 @@ def bench_engine(args: argparse.Namespace, engine_argv: list[str]) -> int:
             end = time.monotonic() + args.seconds
             while time.monotonic() < end:
                 time.sleep(min(PROGRESS_EVERY_S, max(0.0, end - time.monotonic())))
-                status = _ask(sock, {"op": "status"})
+                status = ask(sock, {"op": "status"})
                 log.info(
                     "ticks %d, missed %d, recent tick ms %s",
                     status["ticks"],
                     status["misses"],
                     status.get("recent_tick_ms"),
                 )
-            status = _ask(sock, {"op": "status"})
+            status = ask(sock, {"op": "status"})
         calls = status["calls"]
         session_ticks = sum(int(c["ticks"]) for c in calls)
         missed = sum(int(c["misses"]) for c in calls)

@@ -10,12 +10,10 @@ told by the kernel to stop if serve itself is killed, so no process is left behi
 """
 
 import ctypes
-import json
 import logging
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -23,6 +21,9 @@ import time
 from multiprocessing import shared_memory
 from pathlib import Path
 from types import FrameType
+from typing import Any
+
+from engine.control import ask_once
 
 log = logging.getLogger(__name__)
 
@@ -38,23 +39,12 @@ def _die_with_parent() -> None:
     os.setpgrp()  # the terminal's Ctrl-C reaches serve only; serve stops children in order
 
 
-def engine_status(control: Path, timeout_s: float = 1.0) -> dict[str, object] | None:
+def engine_status(control: Path, timeout_s: float = 1.0) -> dict[str, Any] | None:
     """The engine's status reply, or None while its control socket does not answer."""
     try:
-        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
-            sock.settimeout(timeout_s)
-            sock.connect(str(control))
-            sock.sendall(b'{"op": "status"}\n')
-            data = b""
-            while not data.endswith(b"\n"):
-                chunk = sock.recv(65536)
-                if not chunk:
-                    return None
-                data += chunk
-    except OSError:
+        return ask_once(control, {"op": "status"}, timeout_s)
+    except (OSError, ValueError):  # ControlError is an OSError; a torn reply a ValueError
         return None
-    reply = json.loads(data)
-    return reply if isinstance(reply, dict) else None
 
 
 class Supervisor:

@@ -182,3 +182,35 @@ class ControlServer:
             return {"ok": False, "reason": refused.reason}
         self._observer.opened(call_id, admission)
         return {"ok": True, "slot": admission.slot, "generation": admission.generation}
+
+
+class ControlError(ConnectionError):
+    """The control socket is not there, closed, or answered something that is not a reply."""
+
+
+def ask(sock: socket.socket, request: dict[str, Any]) -> dict[str, Any]:
+    """One request and its reply over a connected blocking socket (for tools and tests; the
+    gateway's asyncio client is gateway/engine_client.py). Slots opened on `sock` stay open as
+    long as it does."""
+    sock.sendall(json.dumps(request).encode() + b"\n")
+    data = b""
+    while not data.endswith(b"\n"):
+        chunk = sock.recv(65536)
+        if not chunk:
+            raise ControlError("the engine closed its control socket")
+        data += chunk
+    reply = json.loads(data)
+    if not isinstance(reply, dict):
+        raise ControlError("the engine sent a malformed reply")
+    return reply
+
+
+def ask_once(path: Path, request: dict[str, Any], timeout_s: float = 5.0) -> dict[str, Any]:
+    """Connect, ask one thing, disconnect."""
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+        sock.settimeout(timeout_s)
+        try:
+            sock.connect(str(path))
+        except OSError as exc:
+            raise ControlError(f"engine control socket {path}: {exc}") from exc
+        return ask(sock, request)

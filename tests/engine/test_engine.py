@@ -1,6 +1,5 @@
 """The engine's pure parts and one real tick over a real ring and control socket."""
 
-import json
 import socket
 import time
 from collections.abc import Iterator
@@ -10,7 +9,7 @@ import numpy as np
 import pytest
 
 from engine.clock import TickClock
-from engine.control import ControlServer
+from engine.control import ControlServer, ask
 from engine.engine import Engine
 from engine.executors import build_executor
 from engine.metrics import EngineMetrics
@@ -83,25 +82,15 @@ def rig(tmp_path: Path) -> Iterator[tuple[Engine, ControlServer, Path]]:
     ring.close()
 
 
-def _ask(sock: socket.socket, request: dict[str, object]) -> dict[str, object]:
-    sock.sendall(json.dumps(request).encode() + b"\n")
-    data = b""
-    while not data.endswith(b"\n"):
-        data += sock.recv(65536)
-    reply = json.loads(data)
-    assert isinstance(reply, dict)
-    return reply
-
-
 def test_a_frame_comes_back_one_tick_later_with_counters(
     rig: tuple[Engine, ControlServer, Path],
 ) -> None:
     engine, _, path = rig
     with socket.socket(socket.AF_UNIX) as sock:
         sock.connect(str(path))
-        opened = _ask(sock, {"op": "open", "call_id": "x"})
+        opened = ask(sock, {"op": "open", "call_id": "x"})
         assert opened["ok"] is True
-        slot, gen = int(opened["slot"]), int(opened["generation"])  # type: ignore[call-overload]
+        slot, gen = int(opened["slot"]), int(opened["generation"])
         writer = UplinkWriter(engine.ring, slot, gen)
         reader = DownlinkReader(engine.ring, slot, gen)
         frame = (np.arange(N) % 100).astype(np.int16)
@@ -114,7 +103,7 @@ def test_a_frame_comes_back_one_tick_later_with_counters(
         assert not got[0].pcm.any()
         np.testing.assert_array_equal(got[1].pcm, frame)
         engine.tick(2)  # no frame written: an underrun, fed as silence
-        status = _ask(sock, {"op": "status"})
+        status = ask(sock, {"op": "status"})
         calls = status["calls"]
         assert isinstance(calls, list)
         (call,) = calls
@@ -124,13 +113,13 @@ def test_a_frame_comes_back_one_tick_later_with_counters(
         engine.clock = TickClock(time.monotonic_ns() - 3 * PERIOD_NS, PERIOD_NS)  # tick 3 is due
         engine.stall_next_tick_s = PERIOD_NS / 1e9
         assert engine.tick(3).missed
-        status = _ask(sock, {"op": "status"})
-        assert status["calls"][0]["misses"] == 1  # type: ignore[index]
-        assert _ask(sock, {"op": "close", "slot": slot, "generation": gen}) == {
+        status = ask(sock, {"op": "status"})
+        assert status["calls"][0]["misses"] == 1
+        assert ask(sock, {"op": "close", "slot": slot, "generation": gen}) == {
             "ok": True,
             "closed": True,
         }
-        assert _ask(sock, {"op": "frobnicate"})["reason"] == "bad_request"
+        assert ask(sock, {"op": "frobnicate"})["reason"] == "bad_request"
 
 
 def test_a_gateway_that_goes_away_frees_its_slots(
@@ -140,8 +129,8 @@ def test_a_gateway_that_goes_away_frees_its_slots(
     sock = socket.socket(socket.AF_UNIX)
     sock.connect(str(path))
     for i in range(4):
-        assert _ask(sock, {"op": "open", "call_id": str(i)})["ok"] is True
-    assert _ask(sock, {"op": "open", "call_id": "5"}) == {"ok": False, "reason": "full"}
+        assert ask(sock, {"op": "open", "call_id": str(i)})["ok"] is True
+    assert ask(sock, {"op": "open", "call_id": "5"}) == {"ok": False, "reason": "full"}
     sock.close()
     deadline = time.monotonic() + 5
     while engine.table.live_count:

@@ -16,7 +16,6 @@ import asyncio
 import json
 import os
 import signal
-import socket
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -25,6 +24,7 @@ from typing import Any, TypeVar
 
 import pytest
 
+from engine.control import ask_once
 from gateway.ice import restrict_host_candidates
 from tests.observability.panels import (
     call_tables,
@@ -82,12 +82,7 @@ def child_args(served: Served) -> dict[str, tuple[int, list[str]]]:
 
 
 def stall_engine(control: str, seconds: float) -> dict[str, Any]:
-    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
-        sock.settimeout(5.0)
-        sock.connect(control)
-        sock.sendall(json.dumps({"op": "stall", "seconds": seconds}).encode() + b"\n")
-        reply: dict[str, Any] = json.loads(sock.makefile().readline())
-        return reply
+    return ask_once(Path(control), {"op": "stall", "seconds": seconds})
 
 
 def eventually(check: Callable[[], T | None], what: str, timeout_s: float = 20.0) -> T:

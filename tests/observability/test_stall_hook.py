@@ -4,7 +4,6 @@ A late tick must be counted per call in the shared-memory counters (what the per
 reads) and in the metrics, with the call's id as the exemplar on the miss counter.
 """
 
-import json
 import socket
 import time
 from collections.abc import Iterator
@@ -15,7 +14,8 @@ import pytest
 from prometheus_client.exposition import choose_encoder
 
 from engine.clock import TickClock, sleep_until
-from engine.control import ControlServer
+from engine.control import ControlServer, ask_once
+from engine.control import ask as control_ask
 from engine.engine import Engine, TickReport
 from engine.executors import build_executor
 from engine.metrics import EngineMetrics
@@ -42,17 +42,7 @@ def ask(
     path: Path, request: dict[str, object], sock: socket.socket | None = None
 ) -> dict[str, object]:
     """One request; on `sock` when given (slots live as long as their connection)."""
-    if sock is None:
-        with socket.socket(socket.AF_UNIX) as own:
-            own.connect(str(path))
-            return ask(path, request, own)
-    sock.sendall(json.dumps(request).encode() + b"\n")
-    data = b""
-    while not data.endswith(b"\n"):
-        data += sock.recv(65536)
-    reply = json.loads(data)
-    assert isinstance(reply, dict)
-    return reply
+    return ask_once(path, request) if sock is None else control_ask(sock, request)
 
 
 def serve_control(path: Path, engine: Engine, hooks: bool) -> ControlServer:
