@@ -154,10 +154,10 @@ def _multiprocessors(device: torch.device) -> int:
     return int(torch.cuda.get_device_properties(device).multi_processor_count)
 
 
-def default_splits(rows: int, capacity: int, device: torch.device) -> int:
+def default_splits(rows: int, capacity: int, device: torch.device, block_n: int) -> int:
     """Splits per (slot, head) so that pass 1 has ~PROGRAMS_PER_SM programs per SM."""
     wanted = math.ceil(PROGRAMS_PER_SM * _multiprocessors(device) / rows)
-    return max(1, min(wanted, math.ceil(capacity / BLOCK_N)))
+    return max(1, min(wanted, math.ceil(capacity / block_n)))
 
 
 def ring_attention(
@@ -167,9 +167,12 @@ def ring_attention(
     last: Tensor,
     context: int,
     splits: int | None = None,
+    block_n: int = BLOCK_N,
+    num_warps: int = NUM_WARPS,
 ) -> Tensor:
     """Decode attention of q over the ring (module docstring); returns [slots, heads, head_dim]
-    in q's dtype. `splits` overrides the split count (tests use it to force the combine)."""
+    in q's dtype. `splits` overrides the split count (tests use it to force the combine);
+    `block_n` and `num_warps` are the tile shape, swept by bench/kernels_ring_attention.py."""
     slots, heads, head_dim = q.shape
     capacity = keys.shape[2]
     assert keys.shape == (slots, heads, capacity, head_dim), (keys.shape, q.shape)
@@ -184,10 +187,11 @@ def ring_attention(
     assert q.device == keys.device == values.device == last.device, "tensors on one device"
     assert head_dim in (16, 32, 64, 128, 256), f"head_dim {head_dim} must be a power of two"
     assert 1 <= context <= capacity, (context, capacity)
+    assert block_n in (16, 32, 64, 128, 256), f"block_n {block_n} must be a power of two"
     rows = slots * heads
     if splits is None:
-        splits = default_splits(rows, capacity, q.device)
-    split_frames = BLOCK_N * math.ceil(capacity / (splits * BLOCK_N))
+        splits = default_splits(rows, capacity, q.device, block_n)
+    split_frames = block_n * math.ceil(capacity / (splits * block_n))
     splits = math.ceil(capacity / split_frames)  # no split left empty by the rounding
     part_max = torch.empty(rows * splits, device=q.device, dtype=torch.float32)
     part_sum = torch.empty(rows * splits, device=q.device, dtype=torch.float32)
@@ -210,9 +214,9 @@ def ring_attention(
         splits,
         math.log2(math.e) / math.sqrt(head_dim),
         head_dim=head_dim,
-        block_n=BLOCK_N,
+        block_n=block_n,
         empty=EMPTY_MAX,
-        num_warps=NUM_WARPS,
+        num_warps=num_warps,
     )
     _ring_combine_kernel[(rows,)](
         part_max,
