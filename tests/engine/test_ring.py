@@ -36,11 +36,12 @@ def _frame(value: int) -> NDArray[np.int16]:
 
 
 def _writer(name: str, slot: int, generation: int, value: int, frames: int, done: Event) -> None:
-    """Another process: write `frames` frames of constant `value` as fast as it can."""
+    """Another process: write `frames` frames as fast as it can, every sample of frame f
+    equal to `value + f % 1000`, so a copy torn between two frames shows."""
     ring = SharedRing.attach(name)
     writer = UplinkWriter(ring, slot, generation)
     written = 0
-    while written < frames and writer.write(_frame(value)):
+    while written < frames and writer.write(_frame(value + (written + 1) % 1000)):
         written += 1
     done.set()
     ring.close()
@@ -73,7 +74,8 @@ def test_frames_cross_processes_whole_and_never_torn(ring: SharedRing) -> None:
         if got[1]:
             assert got[1] > last[1], "frames are taken newest-first, never older"
             last[1] = got[1]
-            assert (out[1] == 1234).all(), "a frame is copied whole or not at all"
+            want = 1234 + int(got[1]) % 1000
+            assert (out[1] == want).all(), "a frame is copied whole, from the frame it claims"
             taken += 1
     child.join(10)
     assert child.exitcode == 0
@@ -107,7 +109,8 @@ def test_a_reused_slot_never_plays_the_old_writers_frames(ring: SharedRing) -> N
         got = ring.gather_uplink(generations, last, out)
         if got[2]:
             last[2] = got[2]
-            assert (out[2] == 2222).all(), "only the new call's audio reaches the new call"
+            want = 2222 + int(got[2]) % 1000
+            assert (out[2] == want).all(), "only the new call's audio reaches the new call"
             seen_new += 1
     old.join(10)
     new.join(10)
