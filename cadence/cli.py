@@ -117,6 +117,12 @@ def _gateway_options(p: argparse.ArgumentParser) -> None:
     s.add_argument(
         "--sip-ring-ms", type=float, default=0.0, help="ring (180) this long before answering"
     )
+    s.add_argument(
+        "--sip-register", metavar="AOR", help="register this sip: address-of-record at a trunk"
+    )
+    s.add_argument("--sip-registrar", metavar="URI", help="registrar (default: the AOR's domain)")
+    s.add_argument("--sip-username", help="digest username for --sip-register")
+    s.add_argument("--sip-password", help="digest password for --sip-register")
     g.add_argument(
         "--jitter-max-ms", type=float, default=200.0, help="jitter buffer's highest target delay"
     )
@@ -167,6 +173,10 @@ def _gateway_argv(a: argparse.Namespace) -> list[str]:
         "auth-token": a.auth_token,
         "captions-tokenizer": a.captions_tokenizer,
         "web-root": a.web_root,
+        "sip-register": a.sip_register,
+        "sip-registrar": a.sip_registrar,
+        "sip-username": a.sip_username,
+        "sip-password": a.sip_password,
     }
     return argv + [f"--{flag}={value}" for flag, value in optional.items() if value is not None]
 
@@ -299,6 +309,10 @@ def _dispatch(args: argparse.Namespace) -> int:
             rtp_timeout_s=args.rtp_timeout_s,
             sip_busy_status=args.sip_busy,
             sip_ring_s=args.sip_ring_ms / 1000.0,
+            sip_register=args.sip_register,
+            sip_registrar=args.sip_registrar,
+            sip_username=args.sip_username,
+            sip_password=args.sip_password,
         )
     )
 

@@ -176,6 +176,8 @@ async def healthz(request: web.Request) -> web.Response:
     phone = request.app.get(PHONE)
     if phone is not None:
         body["sip_dialogs"] = phone.agent.live_dialogs()
+        if phone.registration is not None:
+            body["sip_registration"] = phone.registration.state
     ok = state == "ready" and calls.engine.connected and age < STALE_HEARTBEAT_S
     body["status"] = "ok" if ok else "unhealthy"
     return web.json_response(body, status=200 if ok else 503)

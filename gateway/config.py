@@ -36,6 +36,10 @@ class GatewayConfig:
     rtp_timeout_s: float = 30.0  # a call whose peer sends no media this long is hung up
     sip_busy_status: int = 503  # the refusal while the engine is full or draining
     sip_ring_s: float = 0.0  # ring this long (180) before answering
+    sip_register: str | None = None  # address-of-record to register (sip:user@domain)
+    sip_registrar: str | None = None  # registrar URI; default: the address-of-record's domain
+    sip_username: str | None = None  # digest credentials for REGISTER
+    sip_password: str | None = None
 
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535:
@@ -80,6 +84,11 @@ class GatewayConfig:
             raise ValueError(f"the SIP busy status must be one of {SIP_BUSY_STATUSES}")
         if not 0 <= self.sip_ring_s <= 60:
             raise ValueError("the SIP ring time must be in [0, 60] s")
+        for uri in (self.sip_register, self.sip_registrar):
+            if uri is not None and not uri.startswith("sip:"):
+                raise ValueError(f"{uri!r} is not a sip: URI")
+        if self.sip_register is not None and not self.sip_port:
+            raise ValueError("registering needs SIP: give --sip-port")
 
     def browser_ice_servers(self) -> list[dict[str, object]]:
         """RTCIceServer dictionaries for the page, TURN credentials on the TURN URLs only."""

@@ -32,6 +32,7 @@ from gateway.config import GatewayConfig
 from gateway.phone.codec import RATE, G711Decoder
 from gateway.phone.pacer import RtpPacer
 from gateway.phone.ports import RtpPorts
+from gateway.phone.registration import Registration
 from gateway.phone.rtp import RtpStream
 from gateway.phone.signalling import SipSignalling
 from gateway.rtp.telephone_event import Dtmf
@@ -47,6 +48,8 @@ from gateway.sip.events import (
     HoldChanged,
     IncomingCall,
     Output,
+    Registered,
+    RegistrationFailed,
 )
 from gateway.sip.headers import SipParseError, SipUri, parse_uri
 from gateway.sip.sdp import AudioStream, Origin, SessionDescription, accepted_stream, answer, offer
@@ -99,6 +102,14 @@ class PhoneBridge:
         self.ports = RtpPorts(*config.rtp_ports)
         self.pacer = RtpPacer(lambda: self.calls.grid)
         self.phones: dict[str, PhoneCall] = {}  # by SIP Call-ID
+        self.registration: Registration | None = None
+        if config.sip_register is not None:
+            credentials = None
+            if config.sip_username is not None:
+                credentials = Credentials(config.sip_username, config.sip_password or "")
+            self.registration = Registration(
+                self.signalling, config.sip_register, config.sip_registrar, credentials
+            )
         self._tasks: set[asyncio.Task[None]] = set()
 
     async def start(self) -> None:
@@ -107,8 +118,12 @@ class PhoneBridge:
             log.warning("SIP accepts every source address: restrict it with --sip-allow")
         self._spawn(self.pacer.run())
         self._spawn(self._watch_media())
+        if self.registration is not None:
+            self.registration.start()
 
     async def stop(self) -> None:
+        if self.registration is not None:
+            await self.registration.stop()
         for task in list(self._tasks):
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
@@ -131,6 +146,10 @@ class PhoneBridge:
             caller = PhoneCall(event.call_id, event.from_uri, event.to_uri, event.transport)
             self.phones[event.call_id] = caller
             self._spawn(self._incoming(caller, event))
+            return
+        if isinstance(event, Registered | RegistrationFailed):
+            if self.registration is not None:
+                self.registration.on_event(event)
             return
         sip_id = getattr(event, "call_id", None)  # registrations and drops name no call
         phone = self.phones.get(sip_id) if isinstance(sip_id, str) else None

@@ -378,3 +378,27 @@ def test_late_offer_is_answered_in_the_ack(served: tuple[Served, int], tmp_path:
     peak, _ = echo_delay(peer)
     assert peak > 0.8
     _idle(server)
+
+
+def test_registers_with_digest_and_unregisters_on_stop(tmp_path: Path) -> None:
+    registrar_port = free_port()
+    registrar = start_sipp(tmp_path / "registrar", "registrar.xml", None, local_port=registrar_port)
+    server = start_serve(
+        tmp_path / "serve.log",
+        "--slots=1",
+        f"--sip-port={free_port()}",
+        "--rtp-ports=42100-42199",
+        f"--sip-register=sip:alice@127.0.0.1:{registrar_port}",
+        "--sip-username=alice",
+        "--sip-password=secret",
+    )
+    try:
+        deadline = time.monotonic() + 10.0
+        while server.get("/healthz")[1].get("sip_registration") != "registered":
+            assert time.monotonic() < deadline, server.get("/healthz")
+            time.sleep(0.1)
+        assert stop_serve(server) == 0
+        assert registrar.wait(30) == 0, registrar.errors()  # Expires: 0 arrived
+    finally:
+        if server.process.poll() is None:
+            stop_serve(server)

@@ -50,6 +50,8 @@ def test_serve_passes_every_sip_flag_to_its_gateway() -> None:
         ("rtp_timeout_s", 0.0, "RTP timeout"),
         ("sip_busy_status", 480, "busy status"),
         ("sip_ring_s", -1.0, "ring time"),
+        ("sip_register", "alice@example.com", "not a sip: URI"),
+        ("sip_register", "sip:alice@example.com", "needs SIP"),
     ],
 )
 def test_bad_sip_settings_are_refused(field: str, value: Any, message: str) -> None:
