@@ -108,7 +108,8 @@ class JitterBuffer:
         self._target_s: float | None = None  # cached until the next arrival
         self._delays: deque[float] = deque(maxlen=self.config.settle_packets)
         self._packet_samples = self.config.packet_samples
-        self._ts_base: int | None = None  # unwrapping origin for timestamps
+        self._ts_base: int | None = None  # the first arrival's timestamp, unwrapped
+        self._ts_latest = 0  # the latest timestamp seen, unwrapped (past 2**32)
         self._stretch = False
         self.recent_delays_s: deque[float] = deque(maxlen=self._window_packets)
 
@@ -153,9 +154,17 @@ class JitterBuffer:
         return self._highest + delta
 
     def _seconds(self, timestamp: int) -> float:
+        """Sender time of `timestamp`, from the first arrival's, unwrapped like sequence
+        numbers: a packet sent before the first one to arrive (reordered) is a little earlier,
+        not 2**32 samples later, which would poison the window's best transit."""
         if self._ts_base is None:
-            self._ts_base = timestamp
-        return ((timestamp - self._ts_base) % TS_MOD) / self.config.clock_rate
+            self._ts_base = self._ts_latest = timestamp
+        delta = (timestamp - self._ts_latest) % TS_MOD
+        if delta >= TS_MOD // 2:
+            delta -= TS_MOD
+        unwrapped = self._ts_latest + delta
+        self._ts_latest = max(self._ts_latest, unwrapped)
+        return (unwrapped - self._ts_base) / self.config.clock_rate
 
     def _learn_duration(self, ext: int) -> None:
         for a, b in ((ext - 1, ext), (ext, ext + 1)):

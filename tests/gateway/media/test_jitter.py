@@ -140,6 +140,19 @@ def test_sender_clock_drift_is_absorbed_by_drops_or_stretches() -> None:
         assert getattr(run.jb.counters, counter) > 10, f"rate {rate} needs {counter}"
 
 
+def test_a_first_packet_overtaken_by_the_second_adds_no_delay() -> None:
+    """The first arrival fixes the timestamp origin; an earlier timestamp after it is a
+    little before it, not 2**32 samples after."""
+
+    def first_late(i: int, sent: float) -> list[float]:
+        return [sent + BASE_DELAY_S + 0.025] if i == 0 else clean(i, sent)
+
+    run = simulate(500, first_late)
+    assert run.jb.counters.dropped <= 1, "at most the start's extra wait is trimmed"
+    steady = run.mean_delay(100, 500)
+    assert 0.04 <= steady <= 0.08, f"steady delay {steady * 1e3:.0f} ms"
+
+
 def test_sequence_and_timestamp_wraparound_are_seamless() -> None:
     jb = JitterBuffer()
     start = 65530
