@@ -73,6 +73,11 @@ class SipSignalling:
     ) -> None:
         host, port = writer.get_extra_info("peername")[:2]
         peer = (str(host), int(port))
+        if not self.agent.config.allows(peer):
+            # the agent would drop every message anyway; do not hold a socket open for it
+            log.info("SIP over TCP from %s:%d refused: not in --sip-allow", *peer)
+            writer.close()
+            return
         await self._read_stream(peer, reader, writer)
 
     async def _read_stream(

@@ -402,3 +402,20 @@ def test_registers_with_digest_and_unregisters_on_stop(tmp_path: Path) -> None:
     finally:
         if server.process.poll() is None:
             stop_serve(server)
+
+
+def test_sources_outside_the_allow_list_get_403(tmp_path: Path) -> None:
+    sip_port = free_port()
+    server = start_serve(
+        tmp_path / "serve.log",
+        "--slots=1",
+        f"--sip-port={sip_port}",
+        "--rtp-ports=42200-42299",
+        "--sip-allow=192.0.2.0/24",
+    )
+    try:
+        sipp = run_sipp(tmp_path / "sipp", "forbidden.xml", sip_port)
+        assert sipp.process.returncode == 0, sipp.errors()
+        _idle(server)
+    finally:
+        stop_serve(server)
