@@ -3,7 +3,9 @@
 Receive: audio payloads of the negotiated codec go to the call's jitter buffer with their
 arrival time; telephone-events (RFC 4733) become key presses; RTCP and anything else is
 ignored. Symmetric RTP: audio is sent where the peer's packets come from once they come,
-since a peer behind NAT advertises an address it cannot be reached at.
+since a peer behind NAT advertises an address it cannot be reached at. The first sender is
+kept until the next offer or answer: packets from anyone else are dropped, so a third party
+that finds the port can neither speak into the call nor steer its audio elsewhere.
 
 Send: the pacer calls `send_packet` at each of this stream's packet instants; while the peer
 holds the call (our direction recvonly or inactive) the packet's audio is taken and dropped,
@@ -62,6 +64,7 @@ class RtpStream(asyncio.DatagramProtocol):
         self._on_dtmf = on_dtmf
         self._transport: asyncio.DatagramTransport | None = None
         self.remote: Address = (stream.remote_address, stream.remote_port)
+        self._source: Address | None = None  # the peer's sender, learnt from its first packet
         self.accept(stream)
 
     def accept(self, stream: AudioStream) -> None:
@@ -94,6 +97,14 @@ class RtpStream(asyncio.DatagramProtocol):
             self.counters.ignored += 1
             return
         kind = packet.payload_type
+        source = (str(addr[0]), int(addr[1]))
+        if kind not in (self.stream.payload_type, self.stream.telephone_event) or (
+            self._source is not None and source != self._source
+        ):
+            self.counters.ignored += 1  # not ours, or injected by a third party
+            return
+        if self._source is None:
+            self._latch(source)
         if kind == self.stream.payload_type:
             self.counters.received += 1
             self.session.uplink.receive(
@@ -107,11 +118,11 @@ class RtpStream(asyncio.DatagramProtocol):
                 presses = []
             for press in presses:
                 self._on_dtmf(press)
-        else:
-            self.counters.ignored += 1
-            return
         self.timeout.packet(now)
-        source = (str(addr[0]), int(addr[1]))
+
+    def _latch(self, source: Address) -> None:
+        """Take the first sender of this stream as the peer, and send there from now on."""
+        self._source = source
         if source != self.remote:
             log.info("call %s: RTP comes from %s:%d, sending there", self.call_id, *source)
             self.remote = source
@@ -128,6 +139,7 @@ class RtpStream(asyncio.DatagramProtocol):
         self.direction = direction
         if remote is not None:
             self.remote = remote
+            self._source = None  # a new media address: learn the sender again
         if direction == "sendrecv":
             self.timeout.resume(time.monotonic())
         else:

@@ -6,15 +6,19 @@ from __future__ import annotations
 
 import itertools
 import logging
+import random
+import socket
 import time
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 
 from gateway.rtp.g711 import ulaw_encode
+from gateway.rtp.session import RtpSender
 from tests.sip.peer import RtpPeer, band_limited_noise, echo_delay
 from tests.sip.sipp import run_sipp, start_sipp
 from tests.support.server import Served, free_port, http_json, start_serve, stop_serve
@@ -419,3 +423,35 @@ def test_sources_outside_the_allow_list_get_403(tmp_path: Path) -> None:
         _idle(server)
     finally:
         stop_serve(server)
+
+
+def test_a_third_party_cannot_inject_or_steal_rtp(
+    served: tuple[Served, int], tmp_path: Path
+) -> None:
+    server, sip_port = served
+    peer = RtpPeer("PCMU", 20, band_limited_noise(4.0))
+    intruder = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    intruder.bind(("127.0.0.1", 0))
+    intruder.settimeout(0.5)
+    try:
+        sipp = start_sipp(tmp_path, "call.xml", sip_port, duration_ms=4000, keys=_call_keys(peer))
+        call_id = _live_call(server)["id"]
+        time.sleep(1.0)
+        assert peer.gateway is not None
+        sender = RtpSender(0, random.Random(9))
+        loud = ulaw_encode(np.full(160, 20000, np.int16))
+        for _ in range(50):
+            intruder.sendto(sender.audio(loud, 160), peer.gateway)
+            time.sleep(0.02)
+        with pytest.raises(TimeoutError):
+            intruder.recvfrom(2048)  # nothing was redirected to the intruder
+        assert sipp.wait(30) == 0, sipp.errors()
+    finally:
+        peer.stop()
+        intruder.close()
+    record = _final_record(server, call_id)
+    assert record["sip"]["rtp"]["ignored"] >= 50
+    assert record["sip"]["rtp"]["latched"] == 0  # the peer sent from its SDP address
+    peak, _ = echo_delay(peer)
+    assert peak > 0.8
+    _idle(server)
