@@ -109,11 +109,6 @@ class SlotTable:
         with self._lock:
             return sorted(self._calls.values(), key=lambda info: info.slot)
 
-    def generation_of(self, slot: int) -> int:
-        with self._lock:
-            info = self._calls.get(slot)
-            return 0 if info is None else info.generation
-
     @property
     def live_count(self) -> int:
         with self._lock:

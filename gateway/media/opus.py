@@ -40,8 +40,6 @@ def _libopus() -> ctypes.CDLL:
         ctypes.c_int,
         ctypes.c_int,
     ]
-    lib.opus_packet_get_nb_samples.restype = ctypes.c_int
-    lib.opus_packet_get_nb_samples.argtypes = [ctypes.c_char_p, ctypes.c_int32, ctypes.c_int32]
     lib.opus_encoder_create.restype = ctypes.c_void_p
     lib.opus_encoder_create.argtypes = [
         ctypes.c_int32,
@@ -91,13 +89,6 @@ class OpusDecoder:
 
     def __del__(self) -> None:
         self.close()
-
-    def samples_in(self, packet: bytes) -> int:
-        """Samples per channel the packet decodes to at this decoder's rate."""
-        n = int(self._lib.opus_packet_get_nb_samples(packet, len(packet), self.rate))
-        if n < 0:
-            raise OpusError(f"bad Opus packet: {_error(n)}")
-        return n
 
     def decode(self, packet: bytes) -> NDArray[np.int16]:
         return self._run(packet, self._pcm.size, fec=False)
