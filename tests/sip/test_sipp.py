@@ -218,12 +218,20 @@ def test_fifty_concurrent_calls_meet_every_deadline(
         duration_ms=5000,
         extra=("-l", str(CONCURRENT), "-r", "25"),
     )
-    peak = 0
+    peak, snapshot = 0, list[dict[str, Any]]()
     while sipp.process.poll() is None:
         _, health = server.get("/healthz")  # cheap: GET /v1/calls would cost the pump CPU
         peak = max(peak, health["calls"])
+        if peak == CONCURRENT and not snapshot:
+            time.sleep(1.0)  # one look at every call's record, a second into full load
+            snapshot = server.get("/v1/calls")[1]["calls"]
         time.sleep(0.2)
     assert sipp.wait(60) == 0, sipp.errors()
+    assert len(snapshot) == CONCURRENT
+    for record in snapshot:  # media flowed both ways on every call, even the newest
+        assert record["sip"]["rtp"]["received"] >= 0.5 / 0.02, record
+        assert record["sip"]["rtp"]["sent"] >= 0.5 / 0.02, record
+        assert record["downlink"]["frames"] > 0, record
     after = server.engine_metrics()
     misses = "cadence_engine_deadline_misses_total"
     ticks = "cadence_engine_call_ticks_total"
