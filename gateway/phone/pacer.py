@@ -22,7 +22,6 @@ log = logging.getLogger(__name__)
 
 INSTANT_S = 0.01  # the common divisor of every G.711 packet time
 SEND_OFFSET_S = 0.002  # after the pump that reads the engine's output
-IDLE_S = 0.1  # how often to look for streams when there are none
 
 
 class PacedStream(Protocol):
@@ -51,9 +50,11 @@ class RtpPacer:
     def __init__(self, grid: Callable[[], PumpGrid]) -> None:
         self._grid = grid  # read at each wake-up: the grid is replaced when the engine restarts
         self.streams: dict[str, PacedStream] = {}
+        self._added = asyncio.Event()
 
     def add(self, stream: PacedStream) -> None:
         self.streams[stream.call_id] = stream
+        self._added.set()  # an idle pacer wakes for the new stream's first packet
 
     def remove(self, call_id: str) -> None:
         self.streams.pop(call_id, None)
@@ -83,7 +84,8 @@ class RtpPacer:
         index = instant_index(self._grid(), time.monotonic())
         while True:
             if not self.streams:
-                await asyncio.sleep(IDLE_S)
+                self._added.clear()
+                await self._added.wait()
                 index = instant_index(self._grid(), time.monotonic())
                 continue
             grid = self._grid()
