@@ -176,6 +176,7 @@ async def healthz(request: web.Request) -> web.Response:
     phone = request.app.get(PHONE)
     if phone is not None:
         body["sip_dialogs"] = phone.agent.live_dialogs()
+        body["rtp_ports_free"] = phone.ports.free
         if phone.registration is not None:
             body["sip_registration"] = phone.registration.state
     ok = state == "ready" and calls.engine.connected and age < STALE_HEARTBEAT_S

@@ -16,9 +16,6 @@ class RtpPorts:
         self._next = 0
         self._taken: set[int] = set()
 
-    def __len__(self) -> int:
-        return len(self._ports)
-
     @property
     def free(self) -> int:
         return len(self._ports) - len(self._taken)

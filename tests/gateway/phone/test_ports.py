@@ -8,7 +8,7 @@ from gateway.phone.ports import RtpPorts
 def test_even_ports_in_the_range() -> None:
     ports = RtpPorts(20001, 20010)
     assert ports.candidates() == [20002, 20004, 20006, 20008]
-    assert len(ports) == 4
+    assert ports.free == 4
 
 
 def test_round_robin_and_give_back() -> None:
