@@ -164,6 +164,11 @@ class CallRegistry:
         return call
 
     async def _admit(self, call_id: str) -> SlotLease:
+        if self.engine.hello.get("ring") != self.ring.name:
+            # reconnected to a new engine that is still warming up: its slots are in a ring the
+            # media clock has not switched to yet (gateway/main.py re-attaches once it is ready)
+            self.metrics.admission_refusals.labels("unavailable").inc(1, {"call_id": call_id})
+            raise CallRefused("unavailable", "the engine is restarting")
         try:
             return await self.engine.open(call_id)
         except EngineRefused as refused:

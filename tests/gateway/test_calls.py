@@ -1,0 +1,70 @@
+"""Call admission against a real control socket, slot table and rings (no transport)."""
+
+import asyncio
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from engine.control import ControlServer
+from engine.engine import Engine
+from engine.executors import build_executor
+from engine.metrics import EngineMetrics
+from engine.models.echo import EchoModel
+from engine.ring import RingSpec, SharedRing
+from engine.slots import SlotTable
+from gateway.calls import CallRefused, CallRegistry
+from gateway.config import GatewayConfig
+from gateway.engine_client import EngineClient
+from gateway.media.clock import PumpGrid
+from gateway.metrics import GatewayMetrics
+from gateway.phone.codec import G711Decoder
+
+PERIOD_NS = 80_000_000
+SPEC = RingSpec(2, 1920, 24000, 0, 4, PERIOD_NS)
+
+
+def _ring(tag: str) -> SharedRing:
+    return SharedRing.create(f"cadence-test-calls-{tag}-{time.monotonic_ns()}", SPEC)
+
+
+@pytest.fixture
+def restarted(tmp_path: Path) -> Iterator[tuple[SharedRing, SharedRing, SlotTable, Path]]:
+    """The ring of an engine that died, and a new engine (ring, table, control socket)."""
+    old, new = _ring("old"), _ring("new")
+    table = SlotTable(SPEC.slots)
+    engine = Engine(build_executor("eager", EchoModel(2)), new, table, EngineMetrics(), PERIOD_NS)
+    path = tmp_path / "engine.sock"
+    control = ControlServer(path, table, {"ring": new.name}, engine.status, engine)
+    control.start()
+    yield old, new, table, path
+    control.stop()
+    new.close()
+    old.close()
+
+
+def test_no_call_is_admitted_into_a_ring_the_media_clock_has_not_switched_to(
+    restarted: tuple[SharedRing, SharedRing, SlotTable, Path],
+) -> None:
+    """Between reconnecting to a restarted engine and switching rings (while the new engine
+    warms up), an admitted call would pump its media into the dead engine's ring."""
+    old, new, table, path = restarted
+
+    async def scenario() -> None:
+        client = EngineClient(path)
+        await client.connect()
+        grid = PumpGrid(time.monotonic(), PERIOD_NS / 1e9, 4, 0.015)
+        calls = CallRegistry(GatewayConfig(path), client, old, grid, GatewayMetrics())
+        with pytest.raises(CallRefused) as refused:
+            await calls.start_sip(G711Decoder("PCMU"), 160)
+        assert refused.value.reason == "unavailable"
+        assert table.live_count == 0, "the new engine holds no slot for a refused call"
+        calls.ring = new  # what the gateway's engine watch does once the engine is ready
+        call = await calls.start_sip(G711Decoder("PCMU"), 160)
+        assert table.live_count == 1
+        await calls.end(call.id, "hangup")
+        assert table.live_count == 0
+        await client.close()
+
+    asyncio.run(scenario())
