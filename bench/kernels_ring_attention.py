@@ -3,16 +3,20 @@
     python bench/kernels_ring_attention.py --json OUT.json [--slots 1,8,32,128]
         [--step-slots 1,128] [--steps 40]
 
-1. Ceiling: a device-to-device copy of 4 GiB, bytes read + written over its median time.
+1. Ceilings: a 4 GiB device-to-device copy (bytes read + written) and a 4 GiB sum (read
+   only, as attention is), over their median times.
 2. Attention at 7B shapes (32 heads x 128, a 1500-frame ring, bf16, every entry valid, as a
-   call past two minutes has): per slot count, one layer checked against the fp32 reference,
-   then L layers run back to back as the step runs them (the torch path builds its mask once),
-   each version captured in a CUDA graph and timed over replays; L is chosen so the rings span
-   ~12 GB, far past the 60 MB L2. GB/s counts the K and V bytes of valid entries, once each.
-   Also: the kernel on fresh rings (51 valid frames), and a sweep of tile shapes.
+   call past two minutes has): per slot count, L layers run back to back as the step runs
+   them (the torch path builds its mask once), each version captured in a CUDA graph and
+   timed over replays; L is chosen so the rings span ~12 GB, far past the 60 MB L2. Every
+   pass-1 program of SWEEP is timed and checked against the fp32 reference on one layer. GB/s
+   counts the K and V bytes of valid entries, once each. Also, with the best program: fresh
+   rings (51 valid frames), and fp8 e4m3 rings with per-entry scales (error against the fp32
+   reference of the unquantized rings).
 3. The whole step (graph executor, Mimi + LM + depformer, random weights) with rings full of
-   random K/V and every call past the ring's length, torch path vs kernel; and at the largest
-   slot count, bf16 text logits of one temporal step through both paths.
+   random K/V and every call past the ring's length, torch path vs the kernel (the best
+   program at the largest slot count); and at the largest step slot count, bf16 text logits
+   of one temporal step through both paths.
 
 A few hundred MB of partials aside, the kernel reads only the rings; the torch path also reads
 the mask and writes scores, so its bytes are counted the same way for comparison.
@@ -38,16 +42,38 @@ import torch
 from engine_gpu import SAMPLES, build, percentiles
 from torch.nn import functional
 
+import kernels.ring_attention as ring
 from engine.executors.graph import GraphExecutor
 from engine.models.moshi.attention import ring_mask
 from engine.models.moshi.config import moshiko
-from kernels.ring_attention import ring_attention, ring_attention_reference
+from kernels.ring_attention import quantize_ring, ring_attention, ring_attention_reference
 
 log = logging.getLogger("kernels_ring_attention")
 HEADS, HEAD_DIM, CAPACITY = 32, 128, 1500
 RING_BYTES_TARGET = 12e9  # K + V of all timed layers
 REPLAYS = 30
-SWEEP = [(32, 4), (64, 4), (64, 8), (128, 8)]  # (block_n, num_warps)
+# pass-1 programs tried at every slot count: (variant, block_n, num_warps, programs per SM);
+# the best at the largest slot count becomes the module's default for the step section
+SWEEP = [
+    ("reduce", 64, 4, 4),
+    ("dot", 64, 4, 4),
+    ("dot", 32, 4, 4),
+    ("dot", 128, 4, 4),
+    ("dot", 128, 8, 4),
+    ("dot", 64, 8, 4),
+    ("dot", 64, 4, 8),
+    ("dot", 32, 2, 8),
+]
+Config = tuple[str, int, int, int]
+
+
+def use_config(config: Config) -> None:
+    """Make `config` the kernel module's default (read at each launch)."""
+    ring.VARIANT, ring.BLOCK_N, ring.NUM_WARPS, ring.PROGRAMS_PER_SM = config
+
+
+def config_name(config: Config) -> str:
+    return "{}_block{}_warps{}_pps{}".format(*config)
 
 
 def graph_ms(fn: Callable[[], object], replays: int = REPLAYS) -> float:
@@ -76,18 +102,21 @@ def graph_ms(fn: Callable[[], object], replays: int = REPLAYS) -> float:
     return statistics.median(times)
 
 
-def copy_bandwidth_gbs() -> float:
-    src = torch.randn(2**30, device="cuda")  # 4 GiB of fp32
+def ceilings_gbs() -> tuple[float, float]:
+    """(copy, read): a 4 GiB device copy (bytes read + written) and a 4 GiB sum (read)."""
+    src = torch.randn(2**30, device="cuda")
     dst = torch.empty_like(src)
-    ms = graph_ms(lambda: dst.copy_(src))
-    return 2 * src.numel() * src.element_size() / (ms * 1e-3) / 1e9
+    copy_ms = graph_ms(lambda: dst.copy_(src))
+    read_ms = graph_ms(src.sum)
+    nbytes = src.numel() * src.element_size()
+    return 2 * nbytes / (copy_ms * 1e-3) / 1e9, nbytes / (read_ms * 1e-3) / 1e9
 
 
 def relative_error(got: torch.Tensor, want: torch.Tensor) -> float:
     return float((got.double() - want.double()).norm() / want.double().norm())
 
 
-def attention_row(slots: int, copy_gbs: float) -> dict[str, Any]:
+def attention_row(slots: int, read_gbs: float) -> dict[str, Any]:
     layer_bytes = 2 * slots * HEADS * CAPACITY * HEAD_DIM * 2
     layers = int(max(2, min(32, RING_BYTES_TARGET // layer_bytes)))
     shape = (layers, slots, HEADS, CAPACITY, HEAD_DIM)
@@ -98,11 +127,20 @@ def attention_row(slots: int, copy_gbs: float) -> dict[str, Any]:
     fresh = torch.full((slots,), 50, device="cuda")
     out = torch.empty_like(q)
 
-    def kernel(last: torch.Tensor, block_n: int = 64, num_warps: int = 4) -> None:
+    def kernel(last: torch.Tensor, fp8: bool = False) -> None:
         for layer in range(layers):
-            out[layer] = ring_attention(
-                q[layer], keys[layer], values[layer], last, CAPACITY, None, block_n, num_warps
-            )
+            if fp8:
+                out[layer] = ring_attention(
+                    q[layer],
+                    keys8[layer],
+                    values8[layer],
+                    last,
+                    CAPACITY,
+                    variant="dot",
+                    scales=(key_scale[layer], value_scale[layer]),
+                )
+            else:
+                out[layer] = ring_attention(q[layer], keys[layer], values[layer], last, CAPACITY)
 
     def torch_path() -> None:
         mask = ring_mask(full, 1, CAPACITY, CAPACITY)
@@ -112,44 +150,64 @@ def attention_row(slots: int, copy_gbs: float) -> dict[str, Any]:
             )
             out[layer] = attended[:, :, 0]
 
-    want = ring_attention_reference(q[0], keys[0], values[0], full, CAPACITY)
-    kernel(full)
-    kernel_error = relative_error(out[0], want)
+    def error(last: torch.Tensor) -> float:
+        want = ring_attention_reference(q[0], keys[0], values[0], last, CAPACITY)
+        return relative_error(out[0], want)
+
+    sweep = {}
+    errors = {}
+    for config in SWEEP:
+        use_config(config)
+        kernel(full)
+        errors[config_name(config)] = error(full)
+        sweep[config_name(config)] = graph_ms(functools.partial(kernel, full)) / layers * 1e3
     torch_path()
-    torch_error = relative_error(out[0], want)
+    torch_error = error(full)
+    torch_us = graph_ms(torch_path) / layers * 1e3
+    best = min(SWEEP, key=lambda config: sweep[config_name(config)])
+    use_config(best)
     kernel(fresh)
-    fresh_error = relative_error(
-        out[0], ring_attention_reference(q[0], keys[0], values[0], fresh, CAPACITY)
-    )
-    del want
-    kernel_ms = graph_ms(lambda: kernel(full)) / layers
-    torch_ms = graph_ms(torch_path) / layers
-    fresh_ms = graph_ms(lambda: kernel(fresh)) / layers
-    sweep = {
-        f"block{block_n}_warps{warps}": round(
-            graph_ms(functools.partial(kernel, full, block_n, warps)) / layers * 1e3, 1
-        )
-        for block_n, warps in SWEEP
-    }
-    gbs = layer_bytes / (kernel_ms * 1e-3) / 1e9
+    fresh_error = error(fresh)
+    fresh_us = graph_ms(functools.partial(kernel, fresh)) / layers * 1e3
+    # fp8 e4m3 rings, one scale per entry, quantized from the same bf16 rings
+    keys8 = torch.empty(shape, device="cuda", dtype=torch.float8_e4m3fn)
+    values8 = torch.empty_like(keys8)
+    key_scale = torch.empty(shape[:4], device="cuda")
+    value_scale = torch.empty_like(key_scale)
+    for layer in range(layers):
+        keys8[layer], key_scale[layer] = quantize_ring(keys[layer])
+        values8[layer], value_scale[layer] = quantize_ring(values[layer])
+    if best[0] != "dot":
+        use_config(min(SWEEP[1:], key=lambda config: sweep[config_name(config)]))
+    kernel(full, fp8=True)
+    fp8_error = error(full)
+    fp8_us = graph_ms(functools.partial(kernel, full, True)) / layers * 1e3
+    fp8_bytes = 2 * slots * HEADS * CAPACITY * (HEAD_DIM + 4)
+    best_us = sweep[config_name(best)]
+    gbs = layer_bytes / (best_us * 1e-6) / 1e9
     return {
         "slots": slots,
         "layers_timed": layers,
         "bytes_per_layer": layer_bytes,
-        "kernel_us_per_layer": round(kernel_ms * 1e3, 1),
+        "best": config_name(best),
+        "kernel_us_per_layer": round(best_us, 1),
         "kernel_gbs": round(gbs, 1),
-        "kernel_fraction_of_copy": round(gbs / copy_gbs, 3),
-        "torch_us_per_layer": round(torch_ms * 1e3, 1),
-        "torch_gbs": round(layer_bytes / (torch_ms * 1e-3) / 1e9, 1),
-        "speedup": round(torch_ms / kernel_ms, 2),
-        "fresh_kernel_us_per_layer": round(fresh_ms * 1e3, 1),
-        "sweep_us_per_layer": sweep,
-        "kernel_rel_error": kernel_error,
+        "kernel_fraction_of_read": round(gbs / read_gbs, 3),
+        "torch_us_per_layer": round(torch_us, 1),
+        "torch_gbs": round(layer_bytes / (torch_us * 1e-6) / 1e9, 1),
+        "speedup": round(torch_us / best_us, 2),
+        "fresh_kernel_us_per_layer": round(fresh_us, 1),
+        "fp8_us_per_layer": round(fp8_us, 1),
+        "fp8_gbs": round(fp8_bytes / (fp8_us * 1e-6) / 1e9, 1),
+        "sweep_us_per_layer": {name: round(us, 1) for name, us in sweep.items()},
+        "sweep_rel_error": errors,
         "torch_rel_error": torch_error,
         "fresh_kernel_rel_error": fresh_error,
+        "fp8_rel_error_vs_bf16_rings": fp8_error,
         "per_step_ms_32_layers": {
-            "kernel": round(32 * kernel_ms, 3),
-            "torch": round(32 * torch_ms, 3),
+            "kernel": round(32 * best_us * 1e-3, 3),
+            "fp8_kernel": round(32 * fp8_us * 1e-3, 3),
+            "torch": round(32 * torch_us * 1e-3, 3),
         },
     }
 
@@ -248,34 +306,39 @@ def main() -> int:
         if args.json:
             args.json.write_text(json.dumps(result, indent=1))
 
-    copy_gbs = copy_bandwidth_gbs()
+    copy_gbs, read_gbs = ceilings_gbs()
     gc.collect()
     torch.cuda.empty_cache()
     result["copy_gbs"] = round(copy_gbs, 1)
+    result["read_gbs"] = round(read_gbs, 1)
     result["attention"] = []
     for slots in [int(s) for s in args.slots.split(",")]:
-        result["attention"].append(attention_row(slots, copy_gbs))
+        result["attention"].append(attention_row(slots, read_gbs))
         gc.collect()  # the rings of this slot count
         torch.cuda.empty_cache()
         log.info("attention %s", json.dumps(result["attention"][-1]))
         save()
+    best = result["attention"][-1]["best"]
+    use_config(next(config for config in SWEEP if config_name(config) == best))
+    result["step_kernel_config"] = best
     result["step"] = []
     step_slots = [int(s) for s in args.step_slots.split(",")]
     for slots in step_slots:
         result["step"].append(step_row(slots, args.steps, slots == max(step_slots)))
         log.info("step %s", json.dumps(result["step"][-1]))
         save()
-    print(f"copy {copy_gbs:.0f} GB/s")
+    print(f"copy {copy_gbs:.0f} GB/s, read {read_gbs:.0f} GB/s; step kernel {best}")
     print(
-        f"{'slots':>5} {'kernel us':>10} {'GB/s':>7} {'of copy':>8} {'torch us':>9} {'x':>6} "
-        f"{'fresh us':>9} {'rel err':>8}"
+        f"{'slots':>5} {'kernel us':>10} {'GB/s':>7} {'of read':>8} {'torch us':>9} {'x':>6} "
+        f"{'fresh us':>9} {'fp8 us':>7} {'fp8 err':>8}  best"
     )
     for row in result["attention"]:
         print(
             f"{row['slots']:>5} {row['kernel_us_per_layer']:>10} {row['kernel_gbs']:>7} "
-            f"{row['kernel_fraction_of_copy']:>8} {row['torch_us_per_layer']:>9} "
+            f"{row['kernel_fraction_of_read']:>8} {row['torch_us_per_layer']:>9} "
             f"{row['speedup']:>6} {row['fresh_kernel_us_per_layer']:>9} "
-            f"{row['kernel_rel_error']:>8.1e}"
+            f"{row['fp8_us_per_layer']:>7} {row['fp8_rel_error_vs_bf16_rings']:>8.1e}  "
+            f"{row['best']}"
         )
     print(f"{'slots':>5} {'torch step ms':>14} {'p99':>7} {'kernel step ms':>15} {'p99':>7}")
     for row in result["step"]:

@@ -36,6 +36,8 @@ from torch import Tensor
 BLOCK_N = 64  # ring entries per tile: a 64 x 128 bf16 tile of K is 16 KiB
 PROGRAMS_PER_SM = 4  # pass-1 programs wanted per multiprocessor before splitting stops
 NUM_WARPS = 4
+VARIANT = "dot"
+FP8_MAX = 448.0  # the largest finite float8 e4m3fn
 # a running max below any real score but finite, so an all-masked tile gives exp2(0) = 1 for
 # the rescale and exp2(-inf) = 0 for the masked scores, never inf - inf
 EMPTY_MAX = -1.0e30
@@ -45,6 +47,19 @@ def ring_positions(last: Tensor, capacity: int) -> Tensor:
     """int64 [slots, capacity]: the position each ring entry holds, for queries at `last`."""
     index = torch.arange(capacity, device=last.device)
     return last[:, None] - torch.remainder(last[:, None] - index[None, :], capacity)
+
+
+def quantize_ring(ring: Tensor) -> tuple[Tensor, Tensor]:
+    """[..., capacity, head_dim] -> (float8 e4m3 entries, fp32 [..., capacity] scales): one
+    scale per entry (token), its largest magnitude mapped to FP8_MAX."""
+    amax = ring.float().abs().amax(dim=-1)
+    scale = torch.clamp(amax, min=1e-12) / FP8_MAX
+    return (ring.float() / scale[..., None]).to(torch.float8_e4m3fn), scale
+
+
+def dequantize_ring(entries: Tensor, scale: Tensor) -> Tensor:
+    """The fp32 ring that quantize_ring's output stands for."""
+    return entries.float() * scale[..., None]
 
 
 def ring_attention_reference(
@@ -61,7 +76,7 @@ def ring_attention_reference(
 
 
 @triton.jit  # type: ignore[untyped-decorator,unused-ignore]
-def _ring_split_kernel(  # type: ignore[no-untyped-def,unused-ignore]
+def _ring_split_reduce_kernel(  # type: ignore[no-untyped-def,unused-ignore]
     q_ptr,
     k_ptr,
     v_ptr,
@@ -81,6 +96,8 @@ def _ring_split_kernel(  # type: ignore[no-untyped-def,unused-ignore]
     block_n: tl.constexpr,
     empty: tl.constexpr,
 ):
+    """Pass 1 on the CUDA cores: scores and the weighted sum as elementwise products and
+    tile reductions, every ring entry of the split visited (masked loads for invalid ones)."""
     row = tl.program_id(0)  # slot * heads + head
     split = tl.program_id(1)
     slot = row // heads
@@ -115,6 +132,85 @@ def _ring_split_kernel(  # type: ignore[no-untyped-def,unused-ignore]
     tl.store(max_ptr + partial, run_max)
     tl.store(sum_ptr + partial, run_sum)
     tl.store(acc_ptr + partial.to(tl.int64) * head_dim + dims, acc)
+
+
+@triton.jit  # type: ignore[untyped-decorator,unused-ignore]
+def _ring_split_dot_kernel(  # type: ignore[no-untyped-def,unused-ignore]
+    q_ptr,
+    k_ptr,
+    v_ptr,
+    k_scale_ptr,
+    v_scale_ptr,
+    last_ptr,
+    max_ptr,
+    sum_ptr,
+    acc_ptr,
+    stride_q_slot,
+    stride_q_head,
+    heads,
+    capacity,
+    context,
+    split_frames,
+    splits,
+    qk_scale_log2,
+    head_dim: tl.constexpr,
+    block_n: tl.constexpr,
+    empty: tl.constexpr,
+    precision: tl.constexpr,
+    scaled: tl.constexpr,
+):
+    """Pass 1 on the tensor cores: the query is repeated over the 16 rows a dot needs, so
+    the tile reductions are matrix products and the K/V loads feed them (and are pipelined)."""
+    row = tl.program_id(0)  # slot * heads + head
+    split = tl.program_id(1)
+    slot = row // heads
+    head = row % heads
+    last = tl.load(last_ptr + slot)
+    dims = tl.arange(0, head_dim)
+    lanes = tl.arange(0, 16)  # the repeated query rows; row 0 is stored
+    q = tl.load(q_ptr + slot * stride_q_slot + head * stride_q_head + dims)
+    q_rows = tl.broadcast_to(q[None, :], (16, head_dim))
+    ring = row.to(tl.int64) * capacity
+    # the valid entries are one cyclic run of ring indices ending at the query's own; when it
+    # does not wrap, tiles outside it are skipped (a young call reads only what it wrote)
+    valid_count = tl.minimum(last + 1, context)
+    first = (last + 1 - valid_count) % capacity
+    final = last % capacity
+    lo = split * split_frames
+    hi = tl.minimum(lo + split_frames, capacity)
+    lo = tl.where(first <= final, tl.maximum(lo, first), lo).to(tl.int32)
+    hi = tl.where(first <= final, tl.minimum(hi, final + 1), hi).to(tl.int32)
+    run_max = tl.full((16,), empty, tl.float32)
+    run_sum = tl.zeros((16,), tl.float32)
+    acc = tl.zeros((16, head_dim), tl.float32)
+    for start in range(lo, hi, block_n):
+        index = start + tl.arange(0, block_n)
+        # last - index + capacity > 0, so the remainder is the mathematical modulo
+        position = last - (last - index + capacity) % capacity
+        valid = (index < hi) & (position >= 0) & (position > last - context)
+        entries = ring + index.to(tl.int64)
+        offsets = entries[:, None] * head_dim + dims[None, :]
+        k = tl.load(k_ptr + offsets, mask=valid[:, None], other=0.0).to(q.dtype)
+        scores = tl.dot(q_rows, tl.trans(k), input_precision=precision) * qk_scale_log2
+        if scaled:
+            scores = scores * tl.load(k_scale_ptr + entries, mask=valid, other=0.0)[None, :]
+        scores = tl.where(valid[None, :], scores, float("-inf"))  # [16, block_n], log2 units
+        new_max = tl.maximum(run_max, tl.max(scores, axis=1))
+        rescale = tl.exp2(run_max - new_max)
+        weights = tl.exp2(scores - new_max[:, None])
+        run_sum = run_sum * rescale + tl.sum(weights, axis=1)
+        if scaled:
+            weights = weights * tl.load(v_scale_ptr + entries, mask=valid, other=0.0)[None, :]
+        v = tl.load(v_ptr + offsets, mask=valid[:, None], other=0.0).to(q.dtype)
+        update = tl.dot(weights.to(q.dtype), v, input_precision=precision)
+        acc = acc * rescale[:, None] + update
+        run_max = new_max
+    partial = row * splits + split
+    first_lane = lanes == 0
+    tl.store(max_ptr + partial + 0 * lanes, run_max, mask=first_lane)
+    tl.store(sum_ptr + partial + 0 * lanes, run_sum, mask=first_lane)
+    acc_offsets = partial.to(tl.int64) * head_dim + 0 * lanes[:, None] + dims[None, :]
+    tl.store(acc_ptr + acc_offsets, acc, mask=first_lane[:, None])
 
 
 @triton.jit  # type: ignore[untyped-decorator,unused-ignore]
@@ -155,7 +251,8 @@ def _multiprocessors(device: torch.device) -> int:
 
 
 def default_splits(rows: int, capacity: int, device: torch.device, block_n: int) -> int:
-    """Splits per (slot, head) so that pass 1 has ~PROGRAMS_PER_SM programs per SM."""
+    """Splits per (slot, head) so that pass 1 has ~PROGRAMS_PER_SM programs per SM (read at
+    each launch, like BLOCK_N)."""
     wanted = math.ceil(PROGRAMS_PER_SM * _multiprocessors(device) / rows)
     return max(1, min(wanted, math.ceil(capacity / block_n)))
 
@@ -167,12 +264,21 @@ def ring_attention(
     last: Tensor,
     context: int,
     splits: int | None = None,
-    block_n: int = BLOCK_N,
-    num_warps: int = NUM_WARPS,
+    block_n: int | None = None,
+    num_warps: int | None = None,
+    variant: str | None = None,
+    scales: tuple[Tensor, Tensor] | None = None,
 ) -> Tensor:
     """Decode attention of q over the ring (module docstring); returns [slots, heads, head_dim]
     in q's dtype. `splits` overrides the split count (tests use it to force the combine);
-    `block_n` and `num_warps` are the tile shape, swept by bench/kernels_ring_attention.py."""
+    `block_n`, `num_warps` and `variant` ("dot" or "reduce") choose the pass-1 program (None:
+    the module's BLOCK_N, NUM_WARPS, VARIANT, read at each launch so that
+    bench/kernels_ring_attention.py can run the model with the best of its sweep). fp8 rings
+    ("dot" only) come with their per-entry `scales` (key_scale, value_scale): fp32
+    [slots, heads, capacity] (see quantize_ring)."""
+    block_n = BLOCK_N if block_n is None else block_n
+    num_warps = NUM_WARPS if num_warps is None else num_warps
+    variant = VARIANT if variant is None else variant
     slots, heads, head_dim = q.shape
     capacity = keys.shape[2]
     assert keys.shape == (slots, heads, capacity, head_dim), (keys.shape, q.shape)
@@ -180,14 +286,26 @@ def ring_attention(
     assert keys.is_contiguous(), "the key ring must be contiguous"
     assert values.is_contiguous(), "the value ring must be contiguous"
     assert q.stride(2) == 1, f"q's head_dim must be unit-stride, strides {q.stride()}"
-    assert q.dtype == keys.dtype == values.dtype, (q.dtype, keys.dtype, values.dtype)
     assert q.dtype in (torch.float32, torch.float16, torch.bfloat16), q.dtype
+    assert keys.dtype == values.dtype, (keys.dtype, values.dtype)
     assert last.shape == (slots,), (last.shape, slots)
     assert last.dtype == torch.int64, last.dtype
     assert q.device == keys.device == values.device == last.device, "tensors on one device"
     assert head_dim in (16, 32, 64, 128, 256), f"head_dim {head_dim} must be a power of two"
     assert 1 <= context <= capacity, (context, capacity)
     assert block_n in (16, 32, 64, 128, 256), f"block_n {block_n} must be a power of two"
+    assert variant in ("dot", "reduce"), variant
+    if scales is None:
+        assert keys.dtype == q.dtype, (keys.dtype, q.dtype)
+    else:
+        assert variant == "dot", "fp8 rings need the dot variant"
+        assert keys.dtype == torch.float8_e4m3fn, keys.dtype
+        assert q.dtype != torch.float32, "fp8 rings are read with a 16-bit query"
+        for scale in scales:
+            assert scale.shape == keys.shape[:3], (scale.shape, keys.shape)
+            assert scale.dtype == torch.float32, scale.dtype
+            assert scale.is_contiguous(), "scales must be contiguous"
+            assert scale.device == q.device, "tensors on one device"
     rows = slots * heads
     if splits is None:
         splits = default_splits(rows, capacity, q.device, block_n)
@@ -197,27 +315,38 @@ def ring_attention(
     part_sum = torch.empty(rows * splits, device=q.device, dtype=torch.float32)
     part_acc = torch.empty(rows * splits, head_dim, device=q.device, dtype=torch.float32)
     out = torch.empty(slots, heads, head_dim, device=q.device, dtype=q.dtype)
-    _ring_split_kernel[(rows, splits)](
-        q,
-        keys,
-        values,
-        last,
-        part_max,
-        part_sum,
-        part_acc,
-        q.stride(0),
-        q.stride(1),
-        heads,
-        capacity,
-        context,
-        split_frames,
-        splits,
-        math.log2(math.e) / math.sqrt(head_dim),
-        head_dim=head_dim,
-        block_n=block_n,
-        empty=EMPTY_MAX,
-        num_warps=num_warps,
-    )
+    ring_args = (q, keys, values)
+    partial_args = (last, part_max, part_sum, part_acc, q.stride(0), q.stride(1), heads)
+    shape_args = (capacity, context, split_frames, splits)
+    qk_scale_log2 = math.log2(math.e) / math.sqrt(head_dim)
+    if variant == "dot":
+        key_scale, value_scale = scales if scales is not None else (part_max, part_max)
+        _ring_split_dot_kernel[(rows, splits)](
+            *ring_args,
+            key_scale,
+            value_scale,
+            *partial_args,
+            *shape_args,
+            qk_scale_log2,
+            head_dim=head_dim,
+            block_n=block_n,
+            empty=EMPTY_MAX,
+            # fp32 rings (tests, fp32 models) must not drop to tf32 in the dot
+            precision="ieee" if q.dtype == torch.float32 else None,
+            scaled=scales is not None,
+            num_warps=num_warps,
+        )
+    else:
+        _ring_split_reduce_kernel[(rows, splits)](
+            *ring_args,
+            *partial_args,
+            *shape_args,
+            qk_scale_log2,
+            head_dim=head_dim,
+            block_n=block_n,
+            empty=EMPTY_MAX,
+            num_warps=num_warps,
+        )
     _ring_combine_kernel[(rows,)](
         part_max,
         part_sum,
@@ -227,6 +356,6 @@ def ring_attention(
         head_dim=head_dim,
         splits_pow2=triton.next_power_of_2(splits),
         empty=EMPTY_MAX,
-        num_warps=NUM_WARPS,
+        num_warps=4,
     )
     return out
