@@ -9,7 +9,7 @@ import time
 from aiohttp import web
 from prometheus_client import disable_created_metrics
 
-from engine.ring import EngineState, SharedRing
+from engine.ring import EngineState, RingError, SharedRing
 from gateway.app import build_app, engine_health
 from gateway.calls import CallRegistry
 from gateway.captions import load_captioner
@@ -42,9 +42,11 @@ async def attach_engine(
             hello = await client.connect()
             ring = SharedRing.attach(str(hello["ring"]))
             break
-        except EngineUnavailable:
+        except (EngineUnavailable, RingError) as exc:
+            # RingError: the engine answered, then died before its segment could be mapped
+            await client.close()
             if time.monotonic() > deadline:
-                raise
+                raise EngineUnavailable(str(exc)) from exc
             await asyncio.sleep(0.2)
     while ring.engine_state() is not EngineState.READY:
         if time.monotonic() > deadline:
