@@ -278,6 +278,7 @@ class CallRegistry:
                 "delay_p50_s": _percentile(delays, 50),
                 "delay_p95_s": _percentile(delays, 95),
                 "concealed": session.uplink.concealed,
+                "undecodable": session.uplink.undecodable,
             },
             "uplink": {
                 "frames": session.counters.frames_sent,

@@ -22,6 +22,10 @@ class OpusError(RuntimeError):
     """libopus is missing, or refused a packet."""
 
 
+class OpusPacketError(OpusError, ValueError):
+    """libopus could not decode a packet (the uplink conceals it like a lost one)."""
+
+
 @cache
 def _libopus() -> ctypes.CDLL:
     path = ctypes.util.find_library("opus")
@@ -112,7 +116,7 @@ class OpusDecoder:
             self._state, packet, len(packet) if packet else 0, self._ptr, samples, int(fec)
         )
         if n < 0:
-            raise OpusError(f"opus_decode: {_error(n)}")
+            raise OpusPacketError(f"opus_decode: {_error(n)}")
         return self._pcm[:n].copy()
 
 

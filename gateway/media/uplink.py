@@ -17,7 +17,9 @@ from gateway.media.resample import Resampler
 
 
 class AudioDecoder(Protocol):
-    """A codec's decoder at the RTP clock rate; every method returns mono int16 samples."""
+    """A codec's decoder at the RTP clock rate; every method returns mono int16 samples.
+
+    `decode` and `recover` raise ValueError for a packet they cannot decode."""
 
     rate: int
 
@@ -51,6 +53,7 @@ class Uplink:
         ahead = max(0, round((longest_packet_s - pump_period_s) * model_rate))
         self.framer = Framer(frame_samples, max_backlog=frame_samples // 4 + ahead)
         self.concealed = 0  # packets' worth of audio made up by the codec
+        self.undecodable = 0  # packets the codec refused (concealed instead)
         self._delays: list[float] = []  # played packets' delays since the last take_delays
 
     def receive(self, seq: int, timestamp: int, payload: bytes, now_s: float) -> Arrival:
@@ -66,16 +69,22 @@ class Uplink:
 
     def _play(self, now_s: float) -> NDArray[np.int16]:
         out = self.jitter.pull(now_s)
-        if out.unit is Unit.PACKET:
-            assert out.payload is not None
-            assert out.delay_s is not None
-            self._delays.append(out.delay_s)
-            return self._decoder.decode(out.payload)
         if out.unit is Unit.WAITING:
             return np.zeros(out.samples, np.int16)
-        self.concealed += 1
-        if out.unit is Unit.LOST and out.payload is not None:
-            return self._decoder.recover(out.payload, out.samples)
+        try:
+            if out.unit is Unit.PACKET:
+                assert out.payload is not None
+                assert out.delay_s is not None
+                self._delays.append(out.delay_s)
+                return self._decoder.decode(out.payload)
+            self.concealed += 1
+            if out.unit is Unit.LOST and out.payload is not None:
+                return self._decoder.recover(out.payload, out.samples)
+        except ValueError:
+            # a peer's malformed packet must not raise out of the pump, which serves every call
+            self.undecodable += 1
+            if out.unit is Unit.PACKET:
+                self.concealed += 1
         return self._decoder.conceal(out.samples)
 
     def _feed(self, pcm: NDArray[np.int16]) -> None:
