@@ -28,6 +28,7 @@ log = logging.getLogger(__name__)
 MAX_SERVER_DELAY_S = 0.35  # jitter buffer + framing + one echo tick + pacing, with slack
 CODECS = {"PCMU": "0", "PCMA": "8"}
 CONCURRENT = 50
+MIN_CORRELATION = 0.95  # echo vs sent, sub-sample aligned: G.711 twice and two resamplers
 RTP_TIMEOUT_S = 3.0
 
 
@@ -111,7 +112,7 @@ def test_audio_comes_back_through_the_engine(
     assert record["sip"]["codec"] == codec
     assert record["sip"]["ptime_ms"] == ptime_ms
     assert record["engine"]["misses"] == 0
-    assert peak > 0.8, f"returned audio does not match what was sent (peak {peak:.3f})"
+    assert peak > MIN_CORRELATION, f"returned audio does not match what was sent (peak {peak:.3f})"
     assert 0.08 < delay_s < MAX_SERVER_DELAY_S, f"server-side delay {delay_s * 1e3:.0f} ms"
     n = ptime_ms * 8
     assert {len(h.payload) for h in peer.heard} == {n}, "packets of the negotiated ptime"
@@ -297,7 +298,7 @@ def test_call_over_tcp(served: tuple[Served, int], tmp_path: Path) -> None:
     finally:
         peer.stop()
     peak, _ = echo_delay(peer)
-    assert peak > 0.8
+    assert peak > MIN_CORRELATION
     _idle(server)
 
 
@@ -327,7 +328,7 @@ def test_outbound_call_through_the_api(
     assert record["sip"]["codec"] == "PCMA"
     peak, delay_s = echo_delay(peer)
     log.info("outbound: correlation %.3f, server-side delay %.1f ms", peak, delay_s * 1e3)
-    assert peak > 0.8
+    assert peak > MIN_CORRELATION
     _idle(server)
 
 
@@ -388,7 +389,7 @@ def test_late_offer_is_answered_in_the_ack(served: tuple[Served, int], tmp_path:
         peer.stop()
     assert record["sip"]["codec"] == "PCMA"  # from the answer in the ACK
     peak, _ = echo_delay(peer)
-    assert peak > 0.8
+    assert peak > MIN_CORRELATION
     _idle(server)
 
 
@@ -461,5 +462,5 @@ def test_a_third_party_cannot_inject_or_steal_rtp(
     assert record["sip"]["rtp"]["ignored"] >= 50
     assert record["sip"]["rtp"]["latched"] == 0  # the peer sent from its SDP address
     peak, _ = echo_delay(peer)
-    assert peak > 0.8
+    assert peak > MIN_CORRELATION
     _idle(server)
