@@ -43,6 +43,7 @@ class RtpPeer:
     sent_at: list[float] = field(default_factory=list)  # monotonic send time of each packet
     gateway: tuple[str, int] | None = None
     mute: bool = False  # a dead phone: hears but never sends
+    lose_every: int = 0  # drop every Nth packet on the way out (0: none), a lossy network
 
     def __post_init__(self) -> None:
         self.sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
@@ -107,7 +108,9 @@ class RtpPeer:
             pcm = np.zeros(n, np.int16)
             pcm[: chunk.size] = chunk
             self.sent_at.append(time.monotonic())
-            self.sock.sendto(sender.audio(encode(pcm), n), self.gateway)
+            packet = sender.audio(encode(pcm), n)
+            if not self.lose_every or (index + 1) % self.lose_every:
+                self.sock.sendto(packet, self.gateway)
             index += 1
 
     def audio(self) -> tuple[NDArray[np.float32], NDArray[np.float64]]:

@@ -464,3 +464,25 @@ def test_a_third_party_cannot_inject_or_steal_rtp(
     peak, _ = echo_delay(peer)
     assert peak > MIN_CORRELATION
     _idle(server)
+
+
+def test_lost_packets_are_concealed_without_lasting_delay(
+    served: tuple[Served, int], tmp_path: Path
+) -> None:
+    server, sip_port = served
+    peer = RtpPeer("PCMU", 20, band_limited_noise(6.0), lose_every=25)  # 4% loss
+    try:
+        sipp = start_sipp(tmp_path, "call.xml", sip_port, duration_ms=6000, keys=_call_keys(peer))
+        call_id = _live_call(server)["id"]
+        assert sipp.wait(30) == 0, sipp.errors()
+    finally:
+        peer.stop()
+    record = _final_record(server, call_id)
+    jitter = record["jitter_buffer"]
+    assert jitter["lost"] >= 8
+    assert jitter["concealed"] >= jitter["lost"]
+    peak, delay_s = echo_delay(peer)
+    log.info("4%% loss: correlation %.3f, delay %.1f ms, %s", peak, delay_s * 1e3, jitter)
+    assert peak > 0.9  # windows with a concealed packet correlate less
+    assert delay_s < MAX_SERVER_DELAY_S
+    _idle(server)
