@@ -21,7 +21,9 @@ def _engine_options(p: argparse.ArgumentParser) -> None:
     g.add_argument("--model", default="echo", choices=MODELS, help="model to serve")
     g.add_argument("--executor", default="eager", choices=EXECUTORS, help="how the step runs")
     g.add_argument("--slots", type=int, default=32, help="concurrent calls (batch rows)")
-    g.add_argument("--tick-ms", type=float, default=80.0, help="tick period in milliseconds")
+    g.add_argument(
+        "--tick-ms", type=float, default=80.0, help="tick period, ms (the model's frame)"
+    )
     g.add_argument("--ring-depth", type=int, default=4, help="frames per shared-memory ring")
     g.add_argument("--metrics-host", default="127.0.0.1", help="engine /metrics address")
     g.add_argument("--metrics-port", type=int, default=9101, help="engine /metrics port (0: off)")

@@ -23,6 +23,14 @@ log = logging.getLogger(__name__)
 def run_engine(config: EngineConfig) -> int:
     disable_created_metrics()  # type: ignore[no-untyped-call]  # _created series: clutter
     model = build_model(config.model, config.slots, config.model_options)
+    frame_ns = round(model.frame.samples * 1e9 / model.frame.sample_rate)
+    if config.tick_period_ns != frame_ns:
+        # every tick takes and gives one frame per call: any other period plays audio at the
+        # wrong speed (and the gateway paces its 20 ms packets on a quarter of the tick)
+        raise ValueError(
+            f"--tick-ms must be the {model.name} model's frame, {frame_ns / 1e6:g} ms, "
+            f"not {config.tick_period_ns / 1e6:g} ms"
+        )
     executor = build_executor(config.executor, model)
     spec = RingSpec(
         slots=config.slots,

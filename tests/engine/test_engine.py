@@ -9,9 +9,11 @@ import numpy as np
 import pytest
 
 from engine.clock import TickClock
+from engine.config import EngineConfig
 from engine.control import ControlServer, ask
 from engine.engine import Engine
 from engine.executors import build_executor
+from engine.main import run_engine
 from engine.metrics import EngineMetrics
 from engine.models.echo import EchoModel
 from engine.ring import DownlinkReader, RingSpec, SharedRing, UplinkWriter
@@ -65,6 +67,16 @@ def test_echo_model_delays_one_tick_and_honours_masks() -> None:
     assert not out.pcm[2].any(), "inactive rows are silent"
     with pytest.raises(ValueError, match="pcm_in"):
         model.step(np.ones((2, N), np.float32), none, live)
+
+
+def test_an_engine_refuses_a_tick_that_is_not_its_models_frame(tmp_path: Path) -> None:
+    """A tick takes and gives 80 ms of audio per call: ticking every 40 ms would play it at
+    double speed, padded with silence."""
+    name = f"cadence-test-tick-{time.monotonic_ns()}"
+    config = EngineConfig(tmp_path / "engine.sock", name, slots=1, tick_period_s=0.04)
+    with pytest.raises(ValueError, match="frame, 80 ms, not 40 ms"):
+        run_engine(config)
+    assert not Path(f"/dev/shm/{name}").exists(), "refused before the segment was created"
 
 
 @pytest.fixture
