@@ -64,9 +64,6 @@ class EngineClient:
         )
         return bool(reply.get("closed"))
 
-    async def status(self) -> dict[str, Any]:
-        return await self._request({"op": "status"})
-
     async def _request(self, request: dict[str, Any]) -> dict[str, Any]:
         async with self._lock:
             if self._reader is None or self._writer is None or self._writer.is_closing():
