@@ -200,10 +200,14 @@ class CallRegistry:
             self.ended.popitem(last=False)
         self._report_media(call)
         await self._release(call.lease)
-        if call.pc is not None:
-            await call.pc.close()
-        if call.on_end is not None:
-            await call.on_end(reason)
+        try:
+            if call.pc is not None:
+                await call.pc.close()
+            if call.on_end is not None:
+                await call.on_end(reason)
+        except Exception:
+            # the call is over for the registry either way: count it and log its summary
+            log.exception("call %s: the transport's goodbye failed", call_id)
         outcome = "completed" if reason in COMPLETED else "failed"
         self.metrics.calls_active.labels(call.transport).dec()
         self.metrics.calls.labels(call.transport, outcome).inc(1, {"call_id": call.id})

@@ -68,3 +68,39 @@ def test_no_call_is_admitted_into_a_ring_the_media_clock_has_not_switched_to(
         await client.close()
 
     asyncio.run(scenario())
+
+
+def test_a_failing_transport_goodbye_still_ends_the_call_once(
+    restarted: tuple[SharedRing, SharedRing, SlotTable, Path],
+) -> None:
+    """`end` is every way out of a call: a transport whose goodbye raises (a SIP BYE on a
+    socket already gone, say) must not leave the call counted live or unlogged."""
+    _, new, table, path = restarted
+
+    async def scenario() -> None:
+        client = EngineClient(path)
+        await client.connect()
+        grid = PumpGrid(time.monotonic(), PERIOD_NS / 1e9, 4, 0.015)
+        metrics = GatewayMetrics()
+        calls = CallRegistry(GatewayConfig(path), client, new, grid, metrics)
+        call = await calls.start_sip(G711Decoder("PCMU"), 160)
+
+        async def goodbye(reason: str) -> None:
+            raise OSError("the socket is gone")
+
+        call.on_end = goodbye
+        record = await calls.end(call.id, "peer_hangup")
+        assert record is not None
+        assert record["end_reason"] == "peer_hangup"
+        assert await calls.end(call.id, "hangup") is None, "a call ends once"
+        assert table.live_count == 0
+        active = metrics.registry.get_sample_value(
+            "cadence_gateway_calls_active", {"transport": "sip"}
+        )
+        ended = metrics.registry.get_sample_value(
+            "cadence_gateway_calls_total", {"transport": "sip", "outcome": "completed"}
+        )
+        assert (active, ended) == (0.0, 1.0)
+        await client.close()
+
+    asyncio.run(scenario())
