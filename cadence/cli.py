@@ -125,6 +125,9 @@ def _gateway_options(p: argparse.ArgumentParser) -> None:
     s.add_argument("--sip-registrar", metavar="URI", help="registrar (default: the AOR's domain)")
     s.add_argument("--sip-username", help="digest username for --sip-register")
     s.add_argument("--sip-password", help="digest password for --sip-register")
+    s.add_argument(
+        "--sip-proxy", metavar="HOST[:PORT]", help="send outbound calls through this trunk/PBX"
+    )
     g.add_argument(
         "--jitter-max-ms", type=float, default=200.0, help="jitter buffer's highest target delay"
     )
@@ -179,6 +182,7 @@ def _gateway_argv(a: argparse.Namespace) -> list[str]:
         "sip-registrar": a.sip_registrar,
         "sip-username": a.sip_username,
         "sip-password": a.sip_password,
+        "sip-proxy": a.sip_proxy,
     }
     return argv + [f"--{flag}={value}" for flag, value in optional.items() if value is not None]
 
@@ -315,8 +319,16 @@ def _dispatch(args: argparse.Namespace) -> int:
             sip_registrar=args.sip_registrar,
             sip_username=args.sip_username,
             sip_password=args.sip_password,
+            sip_proxy=_host_port(args.sip_proxy) if args.sip_proxy else None,
         )
     )
+
+
+def _host_port(text: str) -> tuple[str, int]:
+    host, colon, port = text.rpartition(":")
+    if not colon or not port.isdigit():
+        return text, 5060
+    return host.strip("[]"), int(port)
 
 
 def _port_range(text: str) -> tuple[int, int]:

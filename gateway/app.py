@@ -1,7 +1,7 @@
 """The gateway's HTTP surface: the call API, health, metrics and the demo page.
 
     POST   /v1/calls        {"sdp": OFFER, "type": "offer"} -> 201 {"id", "sdp", "type"}
-    POST   /v1/calls/sip    {"uri": "sip:...", "username"?, "password"?} -> 201 {"id", "state"}:
+    POST   /v1/calls/sip    {"uri", "from"?, "username"?, "password"?} -> 201 {"id", "state"}:
                             a phone call placed through the SIP bridge (with --sip-port)
     GET    /v1/calls        live calls with their per-call records
     GET    /v1/calls/{id}   one call's record; 410 with the final record (and why it ended)
@@ -103,15 +103,15 @@ async def dial_sip(request: web.Request) -> web.Response:
         body = await request.json(loads=json.loads)
     except (json.JSONDecodeError, UnicodeDecodeError):
         return error(400, "bad_request", 'the body must be JSON: {"uri": "sip:..."}')
-    fields = ("uri", "username", "password")
+    fields = ("uri", "username", "password", "from")
     if not isinstance(body, dict) or not isinstance(body.get("uri"), str):
         return error(400, "bad_request", 'the body needs a "uri" string')
     if any(body.get(f) is not None and not isinstance(body[f], str) for f in fields):
-        return error(400, "bad_request", "uri, username and password must be strings")
+        return error(400, "bad_request", "uri, from, username and password must be strings")
     username, password = body.get("username"), body.get("password")
     credentials = Credentials(username, password or "") if username else None
     try:
-        call = await phone.dial(body["uri"], credentials)
+        call = await phone.dial(body["uri"], credentials, body.get("from"))
     except CallRefused as refused:
         retry = str(RETRY_AFTER_S.get(refused.reason, 10))
         return error(503, f"engine_{refused.reason}", str(refused), {"Retry-After": retry})

@@ -40,6 +40,7 @@ class GatewayConfig:
     sip_registrar: str | None = None  # registrar URI; default: the address-of-record's domain
     sip_username: str | None = None  # digest credentials for REGISTER
     sip_password: str | None = None
+    sip_proxy: tuple[str, int] | None = None  # outbound calls go here (the trunk), any URI
 
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535:
@@ -87,6 +88,10 @@ class GatewayConfig:
         for uri in (self.sip_register, self.sip_registrar):
             if uri is not None and not uri.startswith("sip:"):
                 raise ValueError(f"{uri!r} is not a sip: URI")
+        if self.sip_proxy is not None:
+            host, port = self.sip_proxy
+            if not host or not 0 < port <= 65535:
+                raise ValueError(f"invalid SIP proxy {host}:{port}")
         if self.sip_register is not None and not self.sip_port:
             raise ValueError("registering needs SIP: give --sip-port")
 

@@ -257,8 +257,13 @@ class PhoneBridge:
 
     # -- outbound ----------------------------------------------------------------------------
 
-    async def dial(self, uri: str, credentials: Credentials | None = None) -> Call:
-        """Call `uri`; returns the call at once (state dialing). Raises CallRefused, DialError."""
+    async def dial(
+        self, uri: str, credentials: Credentials | None = None, from_uri: str | None = None
+    ) -> Call:
+        """Call `uri` (through --sip-proxy if set); returns the call at once (state dialing).
+
+        Raises CallRefused (engine full...) and DialError (bad URI).
+        """
         try:
             target = parse_uri(uri)
         except SipParseError as error:
@@ -268,14 +273,22 @@ class PhoneBridge:
         decoder = G711Decoder("PCMU")  # until the answer says which
         call = await self.calls.start_sip(decoder, OFFERED_PTIME_MS * decoder.rate // 1000)
         call.state = "dialing"
-        phone = PhoneCall("", f"sip:{self.agent.config.user}@{self.config.sip_address}", uri, "udp")
+        caller = from_uri or f"sip:{self.agent.config.user}@{self.config.sip_address}"
+        phone = PhoneCall("", caller, uri, "udp")
         phone.outbound, phone.call, phone.decoder = True, call, decoder
         call.on_end = lambda reason: self._hang_up(phone, reason)
         call.describe = lambda: self._describe(phone)
         try:
             rtp = await self._open_rtp(phone, call, _provisional(self.config.sip_address))
             local = self._offer(rtp)
-            sip_id, outputs = self.agent.dial(uri, local, time.monotonic(), credentials=credentials)
+            sip_id, outputs = self.agent.dial(
+                uri,
+                local,
+                time.monotonic(),
+                credentials=credentials,
+                proxy=self.config.sip_proxy,
+                from_uri=from_uri,
+            )
         except (OSError, SipParseError) as error:
             await self.calls.end(call.id, "dial_failed")
             raise DialError(str(error)) from None

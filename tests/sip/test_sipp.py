@@ -393,9 +393,10 @@ def test_late_offer_is_answered_in_the_ack(served: tuple[Served, int], tmp_path:
     _idle(server)
 
 
-def test_registers_with_digest_and_unregisters_on_stop(tmp_path: Path) -> None:
-    registrar_port = free_port()
+def test_registers_and_dials_through_the_trunk(tmp_path: Path) -> None:
+    registrar_port, trunk_port = free_port(), free_port()
     registrar = start_sipp(tmp_path / "registrar", "registrar.xml", None, local_port=registrar_port)
+    trunk = start_sipp(tmp_path / "trunk", "uas_trunk.xml", None, local_port=trunk_port)
     server = start_serve(
         tmp_path / "serve.log",
         "--slots=1",
@@ -404,12 +405,19 @@ def test_registers_with_digest_and_unregisters_on_stop(tmp_path: Path) -> None:
         f"--sip-register=sip:alice@127.0.0.1:{registrar_port}",
         "--sip-username=alice",
         "--sip-password=secret",
+        f"--sip-proxy=127.0.0.1:{trunk_port}",
     )
     try:
         deadline = time.monotonic() + 10.0
         while server.get("/healthz")[1].get("sip_registration") != "registered":
             assert time.monotonic() < deadline, server.get("/healthz")
             time.sleep(0.1)
+        request = {"uri": "sip:bob@pbx.invalid", "from": "sip:+4930123@cadence.example"}
+        status, body = http_json("POST", f"{server.url}/v1/calls/sip", request)
+        assert status == 201, body
+        record = _ended(server, body["id"])
+        assert trunk.wait(30) == 0, trunk.errors()  # the INVITE went to the trunk, From intact
+        assert record["sip"]["status"] == 486
         assert stop_serve(server) == 0
         assert registrar.wait(30) == 0, registrar.errors()  # Expires: 0 arrived
     finally:

@@ -5,7 +5,7 @@ from typing import Any
 
 import pytest
 
-from cadence.cli import _gateway_argv, _port_range, build_parser
+from cadence.cli import _gateway_argv, _host_port, _port_range, build_parser
 from gateway.config import GatewayConfig
 
 SOCKET = Path("/tmp/engine.sock")
@@ -28,6 +28,7 @@ def test_serve_passes_every_sip_flag_to_its_gateway() -> None:
             "--sip-busy=486",
             "--rtp-timeout-s=5",
             "--sip-ring-ms=250",
+            "--sip-proxy=pbx.example:5070",
         ]
     )
     argv = _gateway_argv(args)
@@ -36,6 +37,8 @@ def test_serve_passes_every_sip_flag_to_its_gateway() -> None:
     assert (gateway.rtp_ports, gateway.sip_busy) == ("30000-30100", 486)
     assert (gateway.rtp_timeout_s, gateway.sip_ring_ms) == (5.0, 250.0)
     assert _port_range(gateway.rtp_ports) == (30000, 30100)
+    assert _host_port(gateway.sip_proxy) == ("pbx.example", 5070)
+    assert _host_port("pbx.example") == ("pbx.example", 5060)
 
 
 @pytest.mark.parametrize(
@@ -52,6 +55,7 @@ def test_serve_passes_every_sip_flag_to_its_gateway() -> None:
         ("sip_ring_s", -1.0, "ring time"),
         ("sip_register", "alice@example.com", "not a sip: URI"),
         ("sip_register", "sip:alice@example.com", "needs SIP"),
+        ("sip_proxy", ("", 5060), "SIP proxy"),
     ],
 )
 def test_bad_sip_settings_are_refused(field: str, value: Any, message: str) -> None:
