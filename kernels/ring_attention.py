@@ -15,10 +15,22 @@ them once at full bandwidth:
 - pass 1, grid (slots * heads, splits): each program walks `split_frames` ring entries in
   tiles of BLOCK_N, keeps an online softmax (running max, running sum, fp32 accumulator) and
   writes its partial (max, sum, acc[head_dim]). Splitting the ring gives a small batch enough
-  programs to fill the chip; at 128 slots one split per (slot, head) already does. Invalid
-  entries are masked out of the loads, so a fresh call reads only what it has written.
+  programs to fill the chip; at 128 slots one split per (slot, head) already does. The valid
+  entries form one cyclic run of ring indices; when it does not wrap (a call younger than the
+  ring), tiles outside it are skipped, so a young call reads only what it has written.
 - pass 2, grid (slots * heads,): rescales the partials to the common max and normalises.
   Two launches and no atomics: the result does not depend on the order programs finish in.
+
+Measured on one H200 (bench/kernels_ring_attention.py, bench/results/kernels_ring_attention.json,
+bf16, 32 heads x 128, 1500-frame rings, per layer): with every entry valid, 17.8 us at 1 slot
+(torch SDPA with the ring mask: 20.8) and 1072 us at 128 slots = 2.9 TB/s, 67% of a 4.4 TB/s
+read; SDPA's masked kernel reads the same rings at 4.4 TB/s (719 us), so at full rings this
+kernel loses. With 51 valid frames per ring it takes 77 us at 128 slots (SDPA still 719).
+Pass 1 once did the tile reductions on the CUDA cores (elementwise products and sums): 1167 us
+at 128 slots, and as slow on nearly empty rings; block 32 x 4 warps beat 64 and 128 at every
+slot count. fp8 e4m3 rings (per-entry scales) halve the bytes but ran slower (1834 us at 128
+slots: the fp8 -> bf16 conversion in front of the dot), at 3.7e-2 relative error on random
+rings: an option to develop, not to serve.
 
 The launcher asserts shapes, dtypes, strides and devices, allocates only buffers whose size is
 fixed by the shapes, and never reads device values on the host: it can be captured in a CUDA
@@ -33,10 +45,10 @@ import triton  # type: ignore[import-not-found,import-untyped,unused-ignore]
 import triton.language as tl  # type: ignore[import-not-found,import-untyped,unused-ignore]
 from torch import Tensor
 
-BLOCK_N = 64  # ring entries per tile: a 64 x 128 bf16 tile of K is 16 KiB
+# the pass-1 program; module-level and read at each launch, so the bench can sweep them
+BLOCK_N = 32  # ring entries per tile: a 32 x 128 bf16 tile of K is 8 KiB
 PROGRAMS_PER_SM = 4  # pass-1 programs wanted per multiprocessor before splitting stops
 NUM_WARPS = 4
-VARIANT = "dot"
 FP8_MAX = 448.0  # the largest finite float8 e4m3fn
 # a running max below any real score but finite, so an all-masked tile gives exp2(0) = 1 for
 # the rescale and exp2(-inf) = 0 for the masked scores, never inf - inf
@@ -76,66 +88,7 @@ def ring_attention_reference(
 
 
 @triton.jit  # type: ignore[untyped-decorator,unused-ignore]
-def _ring_split_reduce_kernel(  # type: ignore[no-untyped-def,unused-ignore]
-    q_ptr,
-    k_ptr,
-    v_ptr,
-    last_ptr,
-    max_ptr,
-    sum_ptr,
-    acc_ptr,
-    stride_q_slot,
-    stride_q_head,
-    heads,
-    capacity,
-    context,
-    split_frames,
-    splits,
-    qk_scale_log2,
-    head_dim: tl.constexpr,
-    block_n: tl.constexpr,
-    empty: tl.constexpr,
-):
-    """Pass 1 on the CUDA cores: scores and the weighted sum as elementwise products and
-    tile reductions, every ring entry of the split visited (masked loads for invalid ones)."""
-    row = tl.program_id(0)  # slot * heads + head
-    split = tl.program_id(1)
-    slot = row // heads
-    head = row % heads
-    last = tl.load(last_ptr + slot)
-    dims = tl.arange(0, head_dim)
-    q = tl.load(q_ptr + slot * stride_q_slot + head * stride_q_head + dims).to(tl.float32)
-    q = q * qk_scale_log2
-    ring = row.to(tl.int64) * capacity * head_dim  # keys/values contiguous [rows, cap, dim]
-    lo = split * split_frames
-    hi = tl.minimum(lo + split_frames, capacity)
-    run_max = tl.full((), empty, tl.float32)
-    run_sum = tl.zeros((), tl.float32)
-    acc = tl.zeros((head_dim,), tl.float32)
-    for start in range(lo, hi, block_n):
-        index = start + tl.arange(0, block_n)
-        # last - index + capacity > 0, so the remainder is the mathematical modulo
-        position = last - (last - index + capacity) % capacity
-        valid = (index < hi) & (position >= 0) & (position > last - context)
-        offsets = ring + index[:, None].to(tl.int64) * head_dim + dims[None, :]
-        k = tl.load(k_ptr + offsets, mask=valid[:, None], other=0.0).to(tl.float32)
-        scores = tl.sum(k * q[None, :], axis=1)  # [block_n], log2 units
-        scores = tl.where(valid, scores, float("-inf"))
-        new_max = tl.maximum(run_max, tl.max(scores, axis=0))
-        rescale = tl.exp2(run_max - new_max)
-        weights = tl.exp2(scores - new_max)
-        v = tl.load(v_ptr + offsets, mask=valid[:, None], other=0.0).to(tl.float32)
-        acc = acc * rescale + tl.sum(weights[:, None] * v, axis=0)
-        run_sum = run_sum * rescale + tl.sum(weights, axis=0)
-        run_max = new_max
-    partial = row * splits + split
-    tl.store(max_ptr + partial, run_max)
-    tl.store(sum_ptr + partial, run_sum)
-    tl.store(acc_ptr + partial.to(tl.int64) * head_dim + dims, acc)
-
-
-@triton.jit  # type: ignore[untyped-decorator,unused-ignore]
-def _ring_split_dot_kernel(  # type: ignore[no-untyped-def,unused-ignore]
+def _ring_split_kernel(  # type: ignore[no-untyped-def,unused-ignore]
     q_ptr,
     k_ptr,
     v_ptr,
@@ -159,8 +112,8 @@ def _ring_split_dot_kernel(  # type: ignore[no-untyped-def,unused-ignore]
     precision: tl.constexpr,
     scaled: tl.constexpr,
 ):
-    """Pass 1 on the tensor cores: the query is repeated over the 16 rows a dot needs, so
-    the tile reductions are matrix products and the K/V loads feed them (and are pipelined)."""
+    """Pass 1: the query is repeated over the 16 rows a tensor-core dot needs, so the tile
+    reductions are matrix products fed straight from the (pipelined) K/V loads."""
     row = tl.program_id(0)  # slot * heads + head
     split = tl.program_id(1)
     slot = row // heads
@@ -171,23 +124,26 @@ def _ring_split_dot_kernel(  # type: ignore[no-untyped-def,unused-ignore]
     q = tl.load(q_ptr + slot * stride_q_slot + head * stride_q_head + dims)
     q_rows = tl.broadcast_to(q[None, :], (16, head_dim))
     ring = row.to(tl.int64) * capacity
-    # the valid entries are one cyclic run of ring indices ending at the query's own; when it
-    # does not wrap, tiles outside it are skipped (a young call reads only what it wrote)
-    valid_count = tl.minimum(last + 1, context)
-    first = (last + 1 - valid_count) % capacity
-    final = last % capacity
+    # Entry j is (final - j) mod capacity frames older than the query, and attended when that
+    # age is at most `oldest` (p >= 0 and within the context): one cyclic run of indices
+    # ending at `final`. When the run does not wrap, tiles outside it are skipped (a young call
+    # reads only what it wrote). The 64-bit modulo stays out of the loop: it costs tens of
+    # instructions per entry.
+    final = (last % capacity).to(tl.int32)  # the query's own entry
+    oldest = tl.minimum(last, context - 1).to(tl.int32)
     lo = split * split_frames
     hi = tl.minimum(lo + split_frames, capacity)
-    lo = tl.where(first <= final, tl.maximum(lo, first), lo).to(tl.int32)
-    hi = tl.where(first <= final, tl.minimum(hi, final + 1), hi).to(tl.int32)
+    unwrapped = oldest <= final
+    lo = tl.where(unwrapped, tl.maximum(lo, final - oldest), lo)
+    hi = tl.where(unwrapped, tl.minimum(hi, final + 1), hi)
     run_max = tl.full((16,), empty, tl.float32)
     run_sum = tl.zeros((16,), tl.float32)
     acc = tl.zeros((16, head_dim), tl.float32)
     for start in range(lo, hi, block_n):
         index = start + tl.arange(0, block_n)
-        # last - index + capacity > 0, so the remainder is the mathematical modulo
-        position = last - (last - index + capacity) % capacity
-        valid = (index < hi) & (position >= 0) & (position > last - context)
+        age = final - index
+        age = tl.where(age < 0, age + capacity, age)
+        valid = (index < hi) & (age <= oldest)
         entries = ring + index.to(tl.int64)
         offsets = entries[:, None] * head_dim + dims[None, :]
         k = tl.load(k_ptr + offsets, mask=valid[:, None], other=0.0).to(q.dtype)
@@ -266,19 +222,16 @@ def ring_attention(
     splits: int | None = None,
     block_n: int | None = None,
     num_warps: int | None = None,
-    variant: str | None = None,
     scales: tuple[Tensor, Tensor] | None = None,
 ) -> Tensor:
     """Decode attention of q over the ring (module docstring); returns [slots, heads, head_dim]
     in q's dtype. `splits` overrides the split count (tests use it to force the combine);
-    `block_n`, `num_warps` and `variant` ("dot" or "reduce") choose the pass-1 program (None:
-    the module's BLOCK_N, NUM_WARPS, VARIANT, read at each launch so that
-    bench/kernels_ring_attention.py can run the model with the best of its sweep). fp8 rings
-    ("dot" only) come with their per-entry `scales` (key_scale, value_scale): fp32
-    [slots, heads, capacity] (see quantize_ring)."""
+    `block_n` and `num_warps` shape the pass-1 program (None: the module's BLOCK_N and
+    NUM_WARPS, read at each launch so that bench/kernels_ring_attention.py can run the model
+    with the best of its sweep). fp8 rings come with their per-entry `scales` (key_scale,
+    value_scale): fp32 [slots, heads, capacity] (see quantize_ring)."""
     block_n = BLOCK_N if block_n is None else block_n
     num_warps = NUM_WARPS if num_warps is None else num_warps
-    variant = VARIANT if variant is None else variant
     slots, heads, head_dim = q.shape
     capacity = keys.shape[2]
     assert keys.shape == (slots, heads, capacity, head_dim), (keys.shape, q.shape)
@@ -294,11 +247,9 @@ def ring_attention(
     assert head_dim in (16, 32, 64, 128, 256), f"head_dim {head_dim} must be a power of two"
     assert 1 <= context <= capacity, (context, capacity)
     assert block_n in (16, 32, 64, 128, 256), f"block_n {block_n} must be a power of two"
-    assert variant in ("dot", "reduce"), variant
     if scales is None:
         assert keys.dtype == q.dtype, (keys.dtype, q.dtype)
     else:
-        assert variant == "dot", "fp8 rings need the dot variant"
         assert keys.dtype == torch.float8_e4m3fn, keys.dtype
         assert q.dtype != torch.float32, "fp8 rings are read with a 16-bit query"
         for scale in scales:
@@ -315,38 +266,33 @@ def ring_attention(
     part_sum = torch.empty(rows * splits, device=q.device, dtype=torch.float32)
     part_acc = torch.empty(rows * splits, head_dim, device=q.device, dtype=torch.float32)
     out = torch.empty(slots, heads, head_dim, device=q.device, dtype=q.dtype)
-    ring_args = (q, keys, values)
-    partial_args = (last, part_max, part_sum, part_acc, q.stride(0), q.stride(1), heads)
-    shape_args = (capacity, context, split_frames, splits)
-    qk_scale_log2 = math.log2(math.e) / math.sqrt(head_dim)
-    if variant == "dot":
-        key_scale, value_scale = scales if scales is not None else (part_max, part_max)
-        _ring_split_dot_kernel[(rows, splits)](
-            *ring_args,
-            key_scale,
-            value_scale,
-            *partial_args,
-            *shape_args,
-            qk_scale_log2,
-            head_dim=head_dim,
-            block_n=block_n,
-            empty=EMPTY_MAX,
-            # fp32 rings (tests, fp32 models) must not drop to tf32 in the dot
-            precision="ieee" if q.dtype == torch.float32 else None,
-            scaled=scales is not None,
-            num_warps=num_warps,
-        )
-    else:
-        _ring_split_reduce_kernel[(rows, splits)](
-            *ring_args,
-            *partial_args,
-            *shape_args,
-            qk_scale_log2,
-            head_dim=head_dim,
-            block_n=block_n,
-            empty=EMPTY_MAX,
-            num_warps=num_warps,
-        )
+    key_scale, value_scale = scales if scales is not None else (part_max, part_max)
+    _ring_split_kernel[(rows, splits)](
+        q,
+        keys,
+        values,
+        key_scale,
+        value_scale,
+        last,
+        part_max,
+        part_sum,
+        part_acc,
+        q.stride(0),
+        q.stride(1),
+        heads,
+        capacity,
+        context,
+        split_frames,
+        splits,
+        math.log2(math.e) / math.sqrt(head_dim),
+        head_dim=head_dim,
+        block_n=block_n,
+        empty=EMPTY_MAX,
+        # fp32 rings (tests, fp32 models) must not drop to tf32 in the dot
+        precision="ieee" if q.dtype == torch.float32 else None,
+        scaled=scales is not None,
+        num_warps=num_warps,
+    )
     _ring_combine_kernel[(rows,)](
         part_max,
         part_sum,

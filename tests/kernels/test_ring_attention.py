@@ -29,7 +29,7 @@ from kernels.ring_attention import (
 
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 # Triton 3.6's interpreter gets 16-bit tl.dot wrong (seen: errors of 1e10 on a 16 x 16 bf16
-# product), so the dot variant's bf16 and fp8 paths are checked on a GPU only
+# product), so the kernel's bf16 and fp8 paths are checked on a GPU only
 INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
 needs_16bit_dot = pytest.mark.skipif(INTERPRETED, reason="the interpreter's bf16 tl.dot is wrong")
 TOLERANCE = {torch.float32: 1e-5, torch.bfloat16: 1e-2, torch.float16: 2e-3}
@@ -71,7 +71,6 @@ def _positions(slots: int, capacity: int) -> torch.Tensor:
     ],
 )
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("variant", ["dot", "reduce"])
 def test_kernel_matches_reference(
     slots: int,
     heads: int,
@@ -80,27 +79,25 @@ def test_kernel_matches_reference(
     context: int,
     splits: int | None,
     dtype: torch.dtype,
-    variant: str,
 ) -> None:
-    if INTERPRETED and variant == "dot" and dtype != torch.float32:
+    if INTERPRETED and dtype != torch.float32:
         pytest.skip("the interpreter's bf16 tl.dot is wrong")
     q, keys, values = _inputs(slots, heads, capacity, head_dim, dtype, seed=slots * capacity)
     last = _positions(slots, capacity)
     want = ring_attention_reference(q, keys, values, last, context)
-    got = ring_attention(q, keys, values, last, context, splits=splits, variant=variant)
+    got = ring_attention(q, keys, values, last, context, splits=splits)
     assert got.dtype == dtype
     assert got.shape == q.shape
     assert torch.isfinite(got).all()
     assert _relative_error(got, want) <= TOLERANCE[dtype]
 
 
-@pytest.mark.parametrize("variant", ["dot", "reduce"])
-def test_fresh_slot_ignores_stale_entries(variant: str) -> None:
+def test_fresh_slot_ignores_stale_entries() -> None:
     """A slot reset to position 0 sees only entry 0, whatever the older entries hold."""
     q, keys, values = _inputs(2, 2, 40, 64, torch.float32, seed=7)
     keys[:, :, 1:] *= 1e3  # stale history that would dominate the softmax if it leaked
     last = torch.tensor([0, 0], device=DEVICE, dtype=torch.long)
-    got = ring_attention(q, keys, values, last, 40, splits=3, variant=variant)
+    got = ring_attention(q, keys, values, last, 40, splits=3)
     torch.testing.assert_close(got, values[:, :, 0], rtol=1e-6, atol=1e-6)
 
 
