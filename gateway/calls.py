@@ -83,6 +83,7 @@ class CallRegistry:
         self.grid = grid
         self.metrics = metrics
         self.calls: dict[str, Call] = {}
+        self._ending: set[asyncio.Task[dict[str, Any] | None]] = set()  # media-error ends
         self.ended: OrderedDict[str, dict[str, Any]] = OrderedDict()
 
     # -- lifecycle ---------------------------------------------------------------------------
@@ -222,13 +223,24 @@ class CallRegistry:
     def pump(self, index: int, now_s: float) -> None:
         completes = self.grid.completes_frame(index)
         for call in self.calls.values():
-            call.session.pump(completes, now_s)
-            self.metrics.send_queue.observe(call.session.downlink.queued_s)
-            if completes:
-                self._report_media(call)
-                if call.captions is not None:
-                    steps = call.session.downlink.take_tokens()
-                    send_captions(call.captions, call.caption_channel, steps)
+            try:
+                self._pump_call(call, completes, now_s)
+            except Exception:
+                # one call's failure must not cost the calls pumped after it their instant
+                log.exception("call %s: media pump failed; ending the call", call.id)
+                call.session.closed = True
+                ending = asyncio.get_running_loop().create_task(self.end(call.id, "media_error"))
+                self._ending.add(ending)
+                ending.add_done_callback(self._ending.discard)
+
+    def _pump_call(self, call: Call, completes: bool, now_s: float) -> None:
+        call.session.pump(completes, now_s)
+        self.metrics.send_queue.observe(call.session.downlink.queued_s)
+        if completes:
+            self._report_media(call)
+            if call.captions is not None:
+                steps = call.session.downlink.take_tokens()
+                send_captions(call.captions, call.caption_channel, steps)
 
     def _report_media(self, call: Call) -> None:
         uplink = call.session.uplink

@@ -104,3 +104,32 @@ def test_a_failing_transport_goodbye_still_ends_the_call_once(
         await client.close()
 
     asyncio.run(scenario())
+
+
+def test_a_call_whose_media_fails_is_ended_and_the_others_keep_their_pump(
+    restarted: tuple[SharedRing, SharedRing, SlotTable, Path],
+) -> None:
+    _, new, table, path = restarted
+
+    async def scenario() -> None:
+        client = EngineClient(path)
+        await client.connect()
+        grid = PumpGrid(time.monotonic(), PERIOD_NS / 1e9, 4, 0.015)
+        calls = CallRegistry(GatewayConfig(path), client, new, grid, GatewayMetrics())
+        broken = await calls.start_sip(G711Decoder("PCMU"), 160)
+        healthy = await calls.start_sip(G711Decoder("PCMU"), 160)
+
+        def fail(completes_frame: bool, now_s: float) -> None:
+            raise RuntimeError("a decoder bug")
+
+        broken.session.pump = fail  # type: ignore[method-assign]
+        calls.pump(0, time.monotonic())  # index 0 completes a frame
+        assert healthy.session.counters.frames_sent == 1, "the next call was still pumped"
+        await asyncio.sleep(0.1)  # the failed call ends on its own task
+        assert broken.id not in calls.calls
+        assert calls.ended[broken.id]["end_reason"] == "media_error"
+        assert table.live_count == 1
+        await calls.end(healthy.id, "hangup")
+        await client.close()
+
+    asyncio.run(scenario())
