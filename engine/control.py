@@ -32,6 +32,7 @@ from engine.slots import Admission, AdmissionRefused, SlotTable
 log = logging.getLogger(__name__)
 
 MAX_LINE_BYTES = 64 * 1024
+SEND_TIMEOUT_S = 2.0
 
 StatusFn = Callable[[], dict[str, Any]]
 StallFn = Callable[[float], None]
@@ -124,7 +125,11 @@ class ControlServer:
             buf[:] = rest
             reply = self._handle(line, owner)
             try:
+                # a status reply of many calls outgrows the socket buffer: send it whole,
+                # blocking at most SEND_TIMEOUT_S, rather than fail on a non-blocking socket
+                conn.settimeout(SEND_TIMEOUT_S)
                 conn.sendall(json.dumps(reply).encode() + b"\n")
+                conn.setblocking(False)
             except OSError:
                 self._drop(conn)
                 return

@@ -219,6 +219,7 @@ class Engine:
         self.clock = TickClock(t0, self.period_ns)
         self.ring.set_clock(t0)
         self.ring.set_engine_state(EngineState.READY)
+        self.table.accepting = True
         log.info("engine ready: %d slots, tick %.1f ms", self.table.capacity, self.period_ns / 1e6)
         tick = -1
         while not stop.is_set():

@@ -54,7 +54,7 @@ def run_engine(config: EngineConfig) -> int:
         metrics = EngineMetrics()
         if config.metrics_port:
             start_http_server(config.metrics_port, config.metrics_host, registry=metrics.registry)
-        table = SlotTable(config.slots)
+        table = SlotTable(config.slots, accepting=False)
         engine = Engine(executor, ring, table, metrics, config.tick_period_ns)
         hello = {
             "ring": ring.name,

@@ -16,7 +16,8 @@ from numpy.typing import NDArray
 
 
 class AdmissionRefused(Exception):
-    """open() could not place the call; `reason` is a bounded label: full or draining."""
+    """open() could not place the call; `reason` is a bounded label: full, draining or
+    starting (the engine is still warming up)."""
 
     def __init__(self, reason: str) -> None:
         super().__init__(reason)
@@ -46,7 +47,7 @@ class Snapshot:
 
 
 class SlotTable:
-    def __init__(self, slots: int) -> None:
+    def __init__(self, slots: int, accepting: bool = True) -> None:
         if slots < 1:
             raise ValueError("an engine needs at least one slot")
         self.capacity = slots
@@ -55,11 +56,14 @@ class SlotTable:
         self._pending_reset = np.zeros(slots, np.bool_)
         self._next_generation = 1
         self.draining = False
+        self.accepting = accepting  # an engine opens it once it ticks: earlier calls would wait
 
     def open(self, call_id: str, owner: int) -> Admission:
         with self._lock:
             if self.draining:
                 raise AdmissionRefused("draining")
+            if not self.accepting:
+                raise AdmissionRefused("starting")
             free = next((s for s in range(self.capacity) if s not in self._calls), None)
             if free is None:
                 raise AdmissionRefused("full")

@@ -43,7 +43,7 @@ log = logging.getLogger(__name__)
 CALLS: web.AppKey[CallRegistry] = web.AppKey("calls", CallRegistry)
 PHONE: web.AppKey[PhoneBridge] = web.AppKey("phone", PhoneBridge)
 MAX_OFFER_BYTES = 64 * 1024
-RETRY_AFTER_S = {"full": 5, "draining": 30, "unavailable": 10}
+RETRY_AFTER_S = {"full": 5, "draining": 30, "starting": 5, "unavailable": 10}
 STALE_HEARTBEAT_S = 1.0
 
 

@@ -149,3 +149,12 @@ def test_a_gateway_that_goes_away_frees_its_slots(
         assert time.monotonic() < deadline, "slots of a closed connection were not freed"
         time.sleep(0.01)
     assert (engine.ring.control["generation"] == 0).all()
+
+
+def test_an_engine_that_is_not_ticking_yet_refuses_calls() -> None:
+    table = SlotTable(2, accepting=False)
+    with pytest.raises(AdmissionRefused) as refused:
+        table.open("early", owner=1)
+    assert refused.value.reason == "starting"
+    table.accepting = True
+    assert table.open("on time", owner=1).slot == 0
