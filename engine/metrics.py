@@ -19,7 +19,7 @@ TICK_BUCKETS = (0.001, 0.002, 0.005, 0.01, 0.02, 0.03, 0.04, 0.05, 0.06, 0.07, 0
 PHASE_BUCKETS = (0.0001, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.04, 0.08, 0.16)
 # Every label value known up front, so each series exists (at zero) from the first scrape.
 PHASES = ("gather", "step", "scatter")
-ADMISSION_OUTCOMES = ("accepted", "full", "draining")
+ADMISSION_OUTCOMES = ("accepted", "full", "draining", "starting")
 
 
 class GpuMemoryCollector(Collector):
@@ -103,7 +103,7 @@ class EngineMetrics:
         )
         self.admissions = Counter(
             "cadence_engine_admissions_total",
-            "Call admission decisions by outcome (accepted, full, draining).",
+            "Call admission decisions by outcome (accepted, full, draining, starting).",
             ["outcome"],
             registry=r,
         )

@@ -16,7 +16,7 @@ LAG_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.04, 0.08, 0.16)
 # a rate over a series that appears only with its first event reads "no data", not 0.
 TRANSPORTS = ("webrtc", "sip")
 CALL_OUTCOMES = ("completed", "failed")
-REFUSAL_REASONS = ("full", "draining", "unavailable")
+REFUSAL_REASONS = ("full", "draining", "starting", "unavailable")
 PACKET_OUTCOMES = ("played", "lost", "late", "duplicate", "dropped")
 
 
