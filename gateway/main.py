@@ -61,25 +61,32 @@ async def attach_engine(
 
 async def _watch_engine(calls: CallRegistry, clock_task: list["asyncio.Task[None]"]) -> None:
     """End every call when the engine goes away, then wait for one to come back."""
-    metrics = calls.metrics
     while True:
         await asyncio.sleep(WATCH_PERIOD_S)
-        state, age = engine_health(calls)
-        up = calls.engine.connected and state == "ready" and age < STALE_HEARTBEAT_S
-        metrics.engine_up.set(1 if up else 0)
-        if up:
-            continue
-        log.error("engine is down (state %s, heartbeat %.1f s old): ending calls", state, age)
-        await calls.end_all("engine_down")
-        await calls.engine.close()
         try:
-            ring, grid = await attach_engine(calls.config, calls.engine, wait_s=3600.0)
-        except EngineUnavailable:
-            continue
-        clock_task[0].cancel()
-        calls.ring.close()
-        calls.ring, calls.grid = ring, grid
-        clock_task[0] = asyncio.create_task(run_media_clock(calls))
+            await _check_engine(calls, clock_task)
+        except Exception:
+            # the watch is what brings the gateway back after an engine restart: it must live
+            log.exception("engine watch failed; trying again")
+
+
+async def _check_engine(calls: CallRegistry, clock_task: list["asyncio.Task[None]"]) -> None:
+    state, age = engine_health(calls)
+    up = calls.engine.connected and state == "ready" and age < STALE_HEARTBEAT_S
+    calls.metrics.engine_up.set(1 if up else 0)
+    if up:
+        return
+    log.error("engine is down (state %s, heartbeat %.1f s old): ending calls", state, age)
+    await calls.end_all("engine_down")
+    await calls.engine.close()
+    try:
+        ring, grid = await attach_engine(calls.config, calls.engine, wait_s=3600.0)
+    except EngineUnavailable:
+        return
+    clock_task[0].cancel()
+    calls.ring.close()
+    calls.ring, calls.grid = ring, grid
+    clock_task[0] = asyncio.create_task(run_media_clock(calls))
 
 
 async def _serve(config: GatewayConfig) -> int:
