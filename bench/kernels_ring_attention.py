@@ -52,29 +52,30 @@ log = logging.getLogger("kernels_ring_attention")
 HEADS, HEAD_DIM, CAPACITY = 32, 128, 1500
 RING_BYTES_TARGET = 12e9  # K + V of all timed layers
 REPLAYS = 30
-# pass-1 programs tried at every slot count: (block_n, num_warps, programs per SM); the best
-# at the largest slot count becomes the module's default for the step section. (A first
-# version with the tile reductions on the CUDA cores is in results/kernels_ring_attention.json
-# as "reduce_...": it lost at every slot count.)
+# pass-1 programs tried at every slot count: (block_n, num_warps, num_stages, programs per
+# SM); the best at the largest slot count becomes the module's default for the step section.
+# (A first pass 1 with the tile reductions on the CUDA cores is in
+# results/kernels_ring_attention_reduce.json: it lost at every slot count.)
 SWEEP = [
-    (16, 4, 4),
-    (32, 4, 4),
-    (32, 2, 4),
-    (32, 4, 8),
-    (64, 4, 4),
-    (64, 8, 4),
-    (128, 8, 4),
+    (32, 4, 3, 4),
+    (32, 4, 4, 4),
+    (32, 4, 2, 4),
+    (16, 4, 3, 4),
+    (32, 2, 3, 4),
+    (64, 4, 2, 4),
+    (64, 4, 3, 4),
+    (128, 8, 2, 4),
 ]
-Config = tuple[int, int, int]
+Config = tuple[int, int, int, int]
 
 
 def use_config(config: Config) -> None:
     """Make `config` the kernel module's default (read at each launch)."""
-    ring.BLOCK_N, ring.NUM_WARPS, ring.PROGRAMS_PER_SM = config
+    ring.BLOCK_N, ring.NUM_WARPS, ring.NUM_STAGES, ring.PROGRAMS_PER_SM = config
 
 
 def config_name(config: Config) -> str:
-    return "dot_block{}_warps{}_pps{}".format(*config)
+    return "block{}_warps{}_stages{}_pps{}".format(*config)
 
 
 def graph_ms(fn: Callable[[], object], replays: int = REPLAYS) -> float:

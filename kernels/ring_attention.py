@@ -49,6 +49,7 @@ from torch import Tensor
 BLOCK_N = 32  # ring entries per tile: a 32 x 128 bf16 tile of K is 8 KiB
 PROGRAMS_PER_SM = 4  # pass-1 programs wanted per multiprocessor before splitting stops
 NUM_WARPS = 4
+NUM_STAGES = 3  # K/V tiles in the software pipeline (cp.async); Triton's default on Hopper
 FP8_MAX = 448.0  # the largest finite float8 e4m3fn
 # a running max below any real score but finite, so an all-masked tile gives exp2(0) = 1 for
 # the rescale and exp2(-inf) = 0 for the masked scores, never inf - inf
@@ -222,16 +223,19 @@ def ring_attention(
     splits: int | None = None,
     block_n: int | None = None,
     num_warps: int | None = None,
+    num_stages: int | None = None,
     scales: tuple[Tensor, Tensor] | None = None,
 ) -> Tensor:
     """Decode attention of q over the ring (module docstring); returns [slots, heads, head_dim]
     in q's dtype. `splits` overrides the split count (tests use it to force the combine);
-    `block_n` and `num_warps` shape the pass-1 program (None: the module's BLOCK_N and
-    NUM_WARPS, read at each launch so that bench/kernels_ring_attention.py can run the model
-    with the best of its sweep). fp8 rings come with their per-entry `scales` (key_scale,
-    value_scale): fp32 [slots, heads, capacity] (see quantize_ring)."""
+    `block_n`, `num_warps` and `num_stages` shape the pass-1 program (None: the module's
+    BLOCK_N, NUM_WARPS and NUM_STAGES, read at each launch so that
+    bench/kernels_ring_attention.py can run the model with the best of its sweep). fp8 rings
+    come with their per-entry `scales` (key_scale, value_scale): fp32 [slots, heads,
+    capacity] (see quantize_ring)."""
     block_n = BLOCK_N if block_n is None else block_n
     num_warps = NUM_WARPS if num_warps is None else num_warps
+    num_stages = NUM_STAGES if num_stages is None else num_stages
     slots, heads, head_dim = q.shape
     capacity = keys.shape[2]
     assert keys.shape == (slots, heads, capacity, head_dim), (keys.shape, q.shape)
@@ -292,6 +296,7 @@ def ring_attention(
         precision="ieee" if q.dtype == torch.float32 else None,
         scaled=scales is not None,
         num_warps=num_warps,
+        num_stages=num_stages,
     )
     _ring_combine_kernel[(rows,)](
         part_max,
