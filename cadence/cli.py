@@ -6,6 +6,7 @@ hands it over.
 
 import argparse
 import logging
+import os
 import sys
 from pathlib import Path
 
@@ -14,6 +15,13 @@ from engine.infer import add_infer_arguments, run_infer
 from engine.models import MODELS, ModelOptions
 
 log = logging.getLogger("cadence")
+
+# flag destination -> environment variable that may carry it instead
+SECRETS = {
+    "turn_credential": "CADENCE_TURN_CREDENTIAL",
+    "auth_token": "CADENCE_AUTH_TOKEN",
+    "sip_password": "CADENCE_SIP_PASSWORD",
+}
 
 
 def _engine_options(p: argparse.ArgumentParser) -> None:
@@ -74,9 +82,15 @@ def _gateway_options(p: argparse.ArgumentParser) -> None:
         help="STUN/TURN server URL the demo page's browser uses (repeatable)",
     )
     g.add_argument("--turn-username", help="username for the turn: ICE servers")
-    g.add_argument("--turn-credential", help="credential for the turn: ICE servers")
     g.add_argument(
-        "--auth-token", help="require 'Authorization: Bearer TOKEN' on the /v1/calls API"
+        "--turn-credential",
+        default=os.environ.get(SECRETS["turn_credential"]),
+        help=f"credential for the turn: ICE servers (or ${SECRETS['turn_credential']})",
+    )
+    g.add_argument(
+        "--auth-token",
+        default=os.environ.get(SECRETS["auth_token"]),
+        help=f"require 'Authorization: Bearer TOKEN' on the call API (or ${SECRETS['auth_token']})",
     )
     g.add_argument(
         "--captions-tokenizer",
@@ -124,7 +138,11 @@ def _gateway_options(p: argparse.ArgumentParser) -> None:
     )
     s.add_argument("--sip-registrar", metavar="URI", help="registrar (default: the AOR's domain)")
     s.add_argument("--sip-username", help="digest username for --sip-register")
-    s.add_argument("--sip-password", help="digest password for --sip-register")
+    s.add_argument(
+        "--sip-password",
+        default=os.environ.get(SECRETS["sip_password"]),
+        help=f"digest password for --sip-register (or ${SECRETS['sip_password']})",
+    )
     s.add_argument(
         "--sip-proxy", metavar="HOST[:PORT]", help="send outbound calls through this trunk/PBX"
     )
@@ -174,17 +192,20 @@ def _gateway_argv(a: argparse.Namespace) -> list[str]:
     argv += [f"--ice-server={url}" for url in a.ice_server]
     optional = {
         "turn-username": a.turn_username,
-        "turn-credential": a.turn_credential,
-        "auth-token": a.auth_token,
         "captions-tokenizer": a.captions_tokenizer,
         "web-root": a.web_root,
         "sip-register": a.sip_register,
         "sip-registrar": a.sip_registrar,
         "sip-username": a.sip_username,
-        "sip-password": a.sip_password,
         "sip-proxy": a.sip_proxy,
     }
     return argv + [f"--{flag}={value}" for flag, value in optional.items() if value is not None]
+
+
+def _gateway_secrets(a: argparse.Namespace) -> dict[str, str]:
+    """Secrets reach the gateway child through its environment, not its command line, which
+    every local user can read in /proc."""
+    return {env: getattr(a, name) for name, env in SECRETS.items() if getattr(a, name)}
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -259,7 +280,9 @@ def _dispatch(args: argparse.Namespace) -> int:
     if args.command == "serve":
         from cadence.supervise import Supervisor
 
-        supervisor = Supervisor(_engine_argv(args), _gateway_argv(args), args.ready_timeout)
+        supervisor = Supervisor(
+            _engine_argv(args), _gateway_argv(args), _gateway_secrets(args), args.ready_timeout
+        )
         return supervisor.run()
     if args.command == "engine":
         from engine.config import EngineConfig

@@ -48,22 +48,32 @@ def engine_status(control: Path, timeout_s: float = 1.0) -> dict[str, Any] | Non
 
 
 class Supervisor:
-    def __init__(self, engine_args: list[str], gateway_args: list[str], ready_timeout_s: float):
+    def __init__(
+        self,
+        engine_args: list[str],
+        gateway_args: list[str],
+        gateway_secrets: dict[str, str],
+        ready_timeout_s: float,
+    ) -> None:
         self.runtime = Path(tempfile.mkdtemp(prefix="cadence-"))
         self.control = self.runtime / "engine.sock"
         self._engine_starts = 0
         self._engine_args = engine_args
         self._gateway_args = gateway_args
+        self._gateway_secrets = gateway_secrets
         self._ready_timeout_s = ready_timeout_s
         self._stop = False
         self.engine: subprocess.Popen[bytes] | None = None
         self.gateway: subprocess.Popen[bytes] | None = None
         self._restarts: list[float] = []
 
-    def _spawn(self, role: str, args: list[str]) -> "subprocess.Popen[bytes]":
+    def _spawn(
+        self, role: str, args: list[str], secrets: dict[str, str] | None = None
+    ) -> "subprocess.Popen[bytes]":
         cmd = [sys.executable, "-m", "cadence", role, *args]
         log.debug("starting %s: %s", role, " ".join(cmd))
-        return subprocess.Popen(cmd, preexec_fn=_die_with_parent)
+        env = {**os.environ, **secrets} if secrets else None
+        return subprocess.Popen(cmd, env=env, preexec_fn=_die_with_parent)
 
     def _on_signal(self, signum: int, frame: FrameType | None) -> None:
         self._stop = True
@@ -87,7 +97,8 @@ class Supervisor:
         return self._spawn("engine", args)
 
     def _start_gateway(self) -> "subprocess.Popen[bytes]":
-        return self._spawn("gateway", ["--engine-control", str(self.control), *self._gateway_args])
+        args = ["--engine-control", str(self.control), *self._gateway_args]
+        return self._spawn("gateway", args, self._gateway_secrets)
 
     def _run(self) -> int:
         self.engine = self._start_engine()

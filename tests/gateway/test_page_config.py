@@ -5,13 +5,15 @@ from pathlib import Path
 
 import pytest
 
-from cadence.cli import _gateway_argv, build_parser
+from cadence.cli import _gateway_argv, _gateway_secrets, build_parser
 from gateway.config import GatewayConfig
 
 TOKEN = "a-long-enough-token-1234"
 
 
-def test_serve_hands_the_page_flags_to_its_gateway(tmp_path: Path) -> None:
+def test_serve_hands_the_page_flags_to_its_gateway(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     tokenizer = tmp_path / "tokenizer.model"
     tokenizer.write_bytes(b"spm")
     serve = build_parser().parse_args(
@@ -25,9 +27,11 @@ def test_serve_hands_the_page_flags_to_its_gateway(tmp_path: Path) -> None:
             f"--captions-tokenizer={tokenizer}",
         ]
     )
-    gateway = build_parser().parse_args(
-        ["gateway", "--engine-control=/tmp/x.sock", *_gateway_argv(serve)]
-    )
+    argv = _gateway_argv(serve)
+    assert not any(TOKEN in arg or arg.endswith("=c") for arg in argv), "no secret on argv"
+    for env, value in _gateway_secrets(serve).items():  # what serve puts in the child's env
+        monkeypatch.setenv(env, value)
+    gateway = build_parser().parse_args(["gateway", "--engine-control=/tmp/x.sock", *argv])
     assert gateway.ice_server == ["stun:stun.example.org", "turns:turn.example.org:443"]
     assert (gateway.turn_username, gateway.turn_credential) == ("u", "c")
     assert gateway.auth_token == TOKEN
