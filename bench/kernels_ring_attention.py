@@ -57,14 +57,16 @@ REPLAYS = 30
 # (A first pass 1 with the tile reductions on the CUDA cores is in
 # results/kernels_ring_attention_reduce.json: it lost at every slot count.)
 SWEEP = [
-    (32, 4, 3, 4),
-    (32, 4, 4, 4),
+    (32, 4, 3, 4),  # the best of the last H200 run (1072 us/layer at 128 slots)
     (32, 4, 2, 4),
-    (16, 4, 3, 4),
-    (32, 2, 3, 4),
-    (64, 4, 2, 4),
-    (64, 4, 3, 4),
-    (128, 8, 2, 4),
+    (64, 4, 2, 4),  # 117 registers, one 32 KiB stage: 4 programs per SM
+    (32, 2, 2, 4),
+    # one warp per program: no block barriers in the loop (four warps need 13), 8-12
+    # programs per SM (ptxas: 168 registers at block 16, 255 and 16 B spilled at block 32)
+    (16, 1, 3, 4),
+    (32, 1, 2, 4),
+    (16, 2, 3, 4),
+    (64, 2, 2, 4),
 ]
 Config = tuple[int, int, int, int]
 
