@@ -52,6 +52,7 @@ log = logging.getLogger("kernels_ring_attention")
 HEADS, HEAD_DIM, CAPACITY = 32, 128, 1500
 RING_BYTES_TARGET = 12e9  # K + V of all timed layers
 REPLAYS = 30
+BF16_TOLERANCE = 1e-2  # relative error against the fp32 reference, as the tests allow
 # pass-1 programs tried at every slot count: (block_n, num_warps, num_stages, programs per
 # SM); the best at the largest slot count becomes the module's default for the step section.
 # (A first pass 1 with the tile reductions on the CUDA cores is in
@@ -167,7 +168,9 @@ def attention_row(slots: int, read_gbs: float) -> dict[str, Any]:
     torch_path()
     torch_error = error(full)
     torch_us = graph_ms(torch_path) / layers * 1e3
-    best = min(SWEEP, key=lambda config: sweep[config_name(config)])
+    # a program that computes the wrong function is not a candidate, however fast
+    correct = [config for config in SWEEP if errors[config_name(config)] <= BF16_TOLERANCE]
+    best = min(correct, key=lambda config: sweep[config_name(config)])
     use_config(best)
     kernel(fresh)
     fresh_error = error(fresh)
