@@ -39,6 +39,9 @@ def test_tiny_moshi_answers_a_call(tmp_path: Path) -> None:
         engine = record["engine"]
         assert isinstance(engine, dict)
         assert engine["ticks"] > 20, record
+        uplink = record["uplink"]
+        assert isinstance(uplink, dict)
+        assert uplink["frames"] > 20, "the caller's audio reached the model"
         downlink = record["downlink"]
         assert isinstance(downlink, dict)
         assert downlink["frames"] > 10, record

@@ -15,28 +15,17 @@ from typing import Protocol, runtime_checkable
 import torch
 from torch import Tensor
 
-from engine.models.base import FrameSpec, Mask, PcmBatch, StepOutput, check_step_inputs
+from engine.models.base import Mask, Model, PcmBatch, StepOutput, check_step_inputs
 
 WARMUP_STEPS = 3
 
 
 @runtime_checkable
-class DeviceStepModel(Protocol):
-    """A model whose step can run on device tensors alone (see MoshiModel.device_step)."""
-
-    @property
-    def name(self) -> str: ...
-
-    @property
-    def frame(self) -> FrameSpec: ...
-
-    @property
-    def slots(self) -> int: ...
+class DeviceStepModel(Model, Protocol):
+    """A model whose step can also run on device tensors alone (see MoshiModel.device_step)."""
 
     @property
     def device(self) -> torch.device: ...
-
-    def step(self, pcm_in: PcmBatch, reset: Mask, active: Mask) -> StepOutput: ...
 
     @property
     def generator(self) -> torch.Generator | None: ...

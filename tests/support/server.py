@@ -71,8 +71,8 @@ def start_serve(log_path: Path, *extra: str, timeout_s: float = 30.0) -> Served:
         "--ice-address=127.0.0.1",
         *extra,
     ]
-    log = log_path.open("wb")
-    process = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
+    with log_path.open("wb") as log:  # the child keeps its own descriptor
+        process = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
     served = Served(process, port, metrics_port, log_path)
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
