@@ -34,10 +34,10 @@ SLOTS = 3
 # mid-run with stale entries in their rings
 STEPS = 90
 RESETS = {0: [0, 1, 2], 30: [1], 75: [2]}
-# the LM alone runs in Triton's interpreter on CPU (~0.1 s a launch): a 16-frame ring
-LM_CONTEXT = 16
-LM_STEPS = 24
-LM_RESETS = {0: [0, 1, 2], 9: [1], 20: [2]}
+# the LM alone runs in Triton's interpreter on CPU (~0.1 s a launch): an 8-frame ring
+LM_CONTEXT = 8
+LM_STEPS = 14
+LM_RESETS = {0: [0, 1, 2], 4: [1], 11: [2]}
 
 
 def _lm(decode_kernel: bool) -> MoshiLm:
