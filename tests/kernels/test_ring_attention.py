@@ -12,10 +12,6 @@ pytest.importorskip("torch")
 
 import torch
 
-if not torch.cuda.is_available():
-    # must precede the first import of triton: the interpreter is chosen when kernels are
-    # decorated
-    os.environ.setdefault("TRITON_INTERPRET", "1")
 pytest.importorskip("triton", reason="triton is not installed (CPU torch does not bring it)")
 
 from engine.models.moshi.attention import ring_mask

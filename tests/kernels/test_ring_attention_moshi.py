@@ -6,7 +6,6 @@ the eager torch path while calls join, leave and their rings wrap.
 """
 
 import dataclasses
-import os
 
 import numpy as np
 import pytest
@@ -15,9 +14,6 @@ pytest.importorskip("torch")
 
 import torch
 
-if not torch.cuda.is_available():
-    # must precede the first import of triton (see test_ring_attention.py)
-    os.environ.setdefault("TRITON_INTERPRET", "1")
 pytest.importorskip("triton", reason="triton is not installed (CPU torch does not bring it)")
 
 from engine.executors.eager import EagerExecutor
