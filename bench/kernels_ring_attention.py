@@ -62,7 +62,7 @@ SWEEP = [
     (32, 4, 2, 4),
     (64, 4, 2, 4),  # 117 registers, one 32 KiB stage: 4 programs per SM
     (32, 2, 2, 4),
-    # one warp per program: no block barriers in the loop (four warps need 13), 8-12
+    # one warp per program: no block barriers in the loop (four warps need 9 a tile), 8-12
     # programs per SM (ptxas: 168 registers at block 16, 255 and 16 B spilled at block 32)
     (16, 1, 3, 4),
     (32, 1, 2, 4),

@@ -34,9 +34,10 @@ rings: an option to develop, not to serve.
 
 Not yet timed: the age test that replaced a 64-bit modulo per entry in the loop. ptxas (sm_90,
 block 32 x 4 warps, bf16) reports 96 registers and 888 instructions against 116 and 1312 with
-16 calls to the 64-bit division routine before; the loop is latency-bound (a few us per tile,
-13 block barriers, ~5 programs per SM), so fewer instructions and one more resident program
-per SM should bring 1072 us toward ~850 at 128 slots, still short of SDPA's 719.
+16 calls to the 64-bit division routine before. The loop (282 instructions and 9 block
+barriers per tile) is latency-bound: a few us per tile, ~5 programs per SM. Fewer
+instructions and one more resident program per SM should bring 1072 us toward ~850 at 128
+slots, still short of SDPA's 719.
 
 The launcher asserts shapes, dtypes, strides and devices, allocates only buffers whose size is
 fixed by the shapes, and never reads device values on the host: it can be captured in a CUDA
