@@ -11,9 +11,10 @@ A ring index j holds the newest position p <= last with p = j (mod capacity), wh
 `last = start + T - 1`; it is valid when p >= 0 and within `context` of the query. Nothing is
 cleared on reset: a reset slot starts at position 0, so every older entry maps to p < 0.
 
-A decode step (T = 1) on CUDA may pass `RingDecode` instead of a mask: attention then runs in
-the Triton kernel of kernels/ring_attention.py, which derives validity from `start` itself and
-skips the mask over the whole ring that keeps SDPA off its fast kernels.
+A decode step (T = 1) may pass `RingDecode` instead of a mask: attention then runs in the
+Triton kernel of kernels/ring_attention.py, which derives validity from `start` itself and
+reads only valid entries (SDPA reads the whole ring; with the mask it still streams it at
+full bandwidth on an H200: see transformer.py for which is faster when).
 """
 
 import math
