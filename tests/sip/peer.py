@@ -20,6 +20,7 @@ from numpy.typing import NDArray
 from gateway.phone.codec import G711Decoder, encoder
 from gateway.rtp.packet import parse_rtp
 from gateway.rtp.session import RtpSender
+from tests.support import signals
 
 RATE = 8000
 PAYLOAD_TYPES = {"PCMU": 0, "PCMA": 8}
@@ -132,15 +133,7 @@ class RtpPeer:
 
 
 def band_limited_noise(seconds: float, seed: int = 7) -> NDArray[np.int16]:
-    """Seeded noise in the telephone band (300-3400 Hz) at 8 kHz: correlates sharply."""
-    rng = np.random.default_rng(seed)
-    n = int(seconds * RATE)
-    spectrum = np.fft.rfft(rng.standard_normal(n))
-    freqs = np.fft.rfftfreq(n, 1 / RATE)
-    spectrum[(freqs < 300) | (freqs > 3400)] = 0
-    x = np.fft.irfft(spectrum, n)
-    x *= 0.25 / np.sqrt(np.mean(x**2))
-    return np.clip(x * 32767, -32768, 32767).astype(np.int16)
+    return signals.band_limited_noise(seconds, RATE, seed)
 
 
 def echo_delay(peer: RtpPeer, window_s: float = 0.5) -> tuple[float, float]:

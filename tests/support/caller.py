@@ -20,6 +20,7 @@ from numpy.typing import NDArray
 
 from gateway.media.opus import OpusDecoder, OpusEncoder
 from gateway.webrtc import opus_packet, tap_receiver
+from tests.support import signals
 from tests.support.server import http_json
 
 RATE = 48000
@@ -92,15 +93,7 @@ class CallResult:
 
 
 def band_limited_noise(seconds: float, seed: int = 7) -> NDArray[np.int16]:
-    """Seeded noise band-limited to 300-3400 Hz: survives Opus, correlates sharply."""
-    rng = np.random.default_rng(seed)
-    n = int(seconds * RATE)
-    spectrum = np.fft.rfft(rng.standard_normal(n))
-    freqs = np.fft.rfftfreq(n, 1 / RATE)
-    spectrum[(freqs < 300) | (freqs > 3400)] = 0
-    x = np.fft.irfft(spectrum, n)
-    x *= 0.25 / np.sqrt(np.mean(x**2))
-    return np.clip(x * 32767, -32768, 32767).astype(np.int16)
+    return signals.band_limited_noise(seconds, RATE, seed)
 
 
 async def place_call(base_url: str, signal: NDArray[np.int16], talk_s: float) -> CallResult:
