@@ -4,7 +4,9 @@ It starts an engine process exactly as `cadence engine` would, opens N calls thr
 admission socket (the slots are live; their uplink is silence, which costs the model what
 speech costs), lets the engine tick for the given time, and reads back the per-call counters:
 session-ticks served, deadline misses, and tick time (release to outputs published)
-percentiles. The verdict is zero misses or not; nothing is extrapolated.
+percentiles. The verdict is zero misses or not; nothing is extrapolated. Attention skips the
+ring entries a young call has not written, so only a run longer than the KV context (2 minutes
+by default) measures the worst case, every ring full: the default is 130 s.
 
 Results are written as JSON with the machine, versions and the command.
 """

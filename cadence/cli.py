@@ -240,7 +240,12 @@ def build_parser() -> argparse.ArgumentParser:
         "engine", help="open --slots calls on a real engine for --seconds and count deadline misses"
     )
     _engine_options(bench_engine)
-    bench_engine.add_argument("--seconds", type=float, default=60.0, help="how long to tick")
+    bench_engine.add_argument(
+        "--seconds",
+        type=float,
+        default=130.0,
+        help="how long to tick; past the KV context (2 min) for the worst case, full rings",
+    )
     bench_engine.add_argument("--json", type=Path, help="write the result here too")
     bench_engine.add_argument(
         "--ready-timeout", type=float, default=600.0, help="seconds to wait for the engine"
