@@ -60,6 +60,17 @@ def _engine_options(p: argparse.ArgumentParser) -> None:
     m.add_argument("--text-prompt", help="PersonaPlex: the role text (needs the tokenizer)")
 
 
+def _secret_option(group: argparse._ArgumentGroup, dest: str, help_text: str) -> None:
+    """A flag whose value may come from its environment variable in SECRETS instead."""
+    env = SECRETS[dest]
+    group.add_argument(
+        "--" + dest.replace("_", "-"),
+        dest=dest,
+        default=os.environ.get(env),
+        help=f"{help_text} (or ${env}, which keeps it off the process list)",
+    )
+
+
 def _gateway_options(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("gateway")
     g.add_argument("--host", default="127.0.0.1", help="HTTP listen address")
@@ -82,16 +93,8 @@ def _gateway_options(p: argparse.ArgumentParser) -> None:
         help="STUN/TURN server URL the demo page's browser uses (repeatable)",
     )
     g.add_argument("--turn-username", help="username for the turn: ICE servers")
-    g.add_argument(
-        "--turn-credential",
-        default=os.environ.get(SECRETS["turn_credential"]),
-        help=f"credential for the turn: ICE servers (or ${SECRETS['turn_credential']})",
-    )
-    g.add_argument(
-        "--auth-token",
-        default=os.environ.get(SECRETS["auth_token"]),
-        help=f"require 'Authorization: Bearer TOKEN' on the call API (or ${SECRETS['auth_token']})",
-    )
+    _secret_option(g, "turn_credential", "credential for the turn: ICE servers")
+    _secret_option(g, "auth_token", "require 'Authorization: Bearer TOKEN' on the call API")
     g.add_argument(
         "--captions-tokenizer",
         type=Path,
@@ -138,11 +141,7 @@ def _gateway_options(p: argparse.ArgumentParser) -> None:
     )
     s.add_argument("--sip-registrar", metavar="URI", help="registrar (default: the AOR's domain)")
     s.add_argument("--sip-username", help="digest username for --sip-register")
-    s.add_argument(
-        "--sip-password",
-        default=os.environ.get(SECRETS["sip_password"]),
-        help=f"digest password for --sip-register (or ${SECRETS['sip_password']})",
-    )
+    _secret_option(s, "sip_password", "digest password for --sip-register")
     s.add_argument(
         "--sip-proxy", metavar="HOST[:PORT]", help="send outbound calls through this trunk/PBX"
     )
