@@ -3,10 +3,12 @@
 It starts an engine process exactly as `cadence engine` would, opens N calls through the
 admission socket (the slots are live; their uplink is silence, which costs the model what
 speech costs), lets the engine tick for the given time, and reads back the per-call counters:
-session-ticks served, deadline misses, and tick time (release to outputs published)
-percentiles. The verdict is zero misses or not; nothing is extrapolated. Attention skips the
-ring entries a young call has not written, so only a run longer than the KV context (2 minutes
-by default) measures the worst case, every ring full: the default is 130 s.
+session-ticks served, deadline misses, tick time (release to outputs published) percentiles,
+the busy share of the 80 ms period, the kernels one tick launches (the captured graph's kernel
+nodes) and GPU memory. The verdict is zero misses or not; nothing is extrapolated. `--sweep`
+runs one engine per call count, ascending, and reports the largest count with zero misses.
+Attention skips the ring entries a young call has not written, so only a run longer than the KV
+context (2 minutes by default) measures the worst case, every ring full: the default is 130 s.
 
 Results are written as JSON with the machine, versions and the command.
 """
@@ -22,6 +24,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -47,7 +50,38 @@ def _versions() -> dict[str, str]:
     return found
 
 
-def bench_engine(args: argparse.Namespace, engine_argv: list[str]) -> int:
+def bench_engine(args: argparse.Namespace, engine_argv: Callable[[int], list[str]]) -> int:
+    """Run one engine per call count (`--slots`, or each of `--sweep` in ascending order,
+    stopping at the first count that misses a deadline) and report the largest count served
+    with zero misses. `engine_argv(n)` is the engine's command line for n slots."""
+    counts = sorted(args.sweep) if args.sweep else [args.slots]
+    result: dict[str, Any] = {
+        "command": " ".join(["cadence", *sys.argv[1:]]),
+        "machine": _versions(),
+        "seconds": args.seconds,
+        "runs": [],
+        "largest_zero_miss_calls": None,
+    }
+    for calls in counts:
+        run = _hold_calls(calls, args.seconds, args.ready_timeout, engine_argv(calls))
+        result["runs"].append(run)
+        if run.get("zero_misses"):
+            result["largest_zero_miss_calls"] = calls
+        text = json.dumps(result, indent=1)
+        if args.json:
+            args.json.write_text(text + "\n")
+        if not run.get("zero_misses"):
+            break
+    sys.stdout.write(json.dumps(result, indent=1) + "\n")
+    if any("error" in run for run in result["runs"]):
+        return 1
+    return 0 if result["largest_zero_miss_calls"] == counts[-1] else 3
+
+
+def _hold_calls(
+    calls: int, seconds: float, ready_timeout: float, engine_argv: list[str]
+) -> dict[str, Any]:
+    """Start an engine, open `calls` calls, tick for `seconds`, read the counters back."""
     runtime = Path(tempfile.mkdtemp(prefix="cadence-bench-"))
     control = runtime / "engine.sock"
     cmd = [
@@ -56,28 +90,28 @@ def bench_engine(args: argparse.Namespace, engine_argv: list[str]) -> int:
         "cadence",
         "engine",
         f"--control={control}",
-        f"--ring=cadence-bench-{os.getpid()}",
+        f"--ring=cadence-bench-{os.getpid()}-{calls}",
         *engine_argv,
     ]
     engine = subprocess.Popen(cmd)
     try:
-        deadline = time.monotonic() + args.ready_timeout
+        deadline = time.monotonic() + ready_timeout
         status: dict[str, Any] | None = None
         while status is None or status.get("state") != "ready":
             if engine.poll() is not None or time.monotonic() > deadline:
-                log.error("the engine did not become ready")
-                return 1
+                log.error("the engine for %d calls did not become ready", calls)
+                return {"calls": calls, "error": "engine not ready"}
             time.sleep(0.2)
             status = engine_status(control)
         with socket.socket(socket.AF_UNIX) as sock:
             sock.connect(str(control))
-            for i in range(args.slots):
+            for i in range(calls):
                 reply = ask(sock, {"op": "open", "call_id": f"bench-{i}"})
                 if not reply.get("ok"):
                     log.error("call %d refused: %s", i, reply.get("reason"))
-                    return 1
-            log.info("%d calls open; ticking for %.0f s", args.slots, args.seconds)
-            end = time.monotonic() + args.seconds
+                    return {"calls": calls, "error": f"call {i} refused: {reply.get('reason')}"}
+            log.info("%d calls open; ticking for %.0f s", calls, seconds)
+            end = time.monotonic() + seconds
             while time.monotonic() < end:
                 time.sleep(min(PROGRESS_EVERY_S, max(0.0, end - time.monotonic())))
                 status = ask(sock, {"op": "status"})
@@ -88,27 +122,21 @@ def bench_engine(args: argparse.Namespace, engine_argv: list[str]) -> int:
                     status.get("recent_tick_ms"),
                 )
             status = ask(sock, {"op": "status"})
-        calls = status["calls"]
-        session_ticks = sum(int(c["ticks"]) for c in calls)
-        missed = sum(int(c["misses"]) for c in calls)
-        result = {
-            "command": " ".join(["cadence", *sys.argv[1:]]),
-            "machine": _versions(),
+        per_call = status["calls"]
+        missed = sum(int(c["misses"]) for c in per_call)
+        return {
             "model": status["model"],
             "executor": status["executor"],
-            "calls": args.slots,
-            "seconds": args.seconds,
+            "calls": calls,
             "ticks": status["ticks"],
-            "session_ticks": session_ticks,
+            "session_ticks": sum(int(c["ticks"]) for c in per_call),
             "deadline_misses": missed,
             "tick_ms_recent": status.get("recent_tick_ms"),
+            "busy_share": status.get("busy_share"),
+            "kernels_per_tick": status.get("kernels_per_tick"),
+            "gpu_memory_gb": status.get("gpu_memory_gb"),
             "zero_misses": missed == 0 and status["misses"] == 0,
         }
-        text = json.dumps(result, indent=1)
-        if args.json:
-            args.json.write_text(text + "\n")
-        sys.stdout.write(text + "\n")
-        return 0 if result["zero_misses"] else 3
     finally:
         if engine.poll() is None:
             engine.send_signal(signal.SIGTERM)

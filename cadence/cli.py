@@ -245,6 +245,12 @@ def build_parser() -> argparse.ArgumentParser:
         default=130.0,
         help="how long to tick; past the KV context (2 min) for the worst case, full rings",
     )
+    bench_engine.add_argument(
+        "--sweep",
+        type=_call_counts,
+        help="call counts to try, e.g. 280,300,320 (one engine each, ascending, stopping at the "
+        "first that misses a deadline); default: --slots",
+    )
     bench_engine.add_argument("--json", type=Path, help="write the result here too")
     bench_engine.add_argument(
         "--ready-timeout", type=float, default=600.0, help="seconds to wait for the engine"
@@ -280,7 +286,9 @@ def _dispatch(args: argparse.Namespace) -> int:
     if args.command == "bench":
         from cadence.bench import bench_engine
 
-        return bench_engine(args, _engine_argv(args))
+        return bench_engine(
+            args, lambda calls: _engine_argv(argparse.Namespace(**{**vars(args), "slots": calls}))
+        )
     if args.command == "serve":
         from cadence.supervise import Supervisor
 
@@ -363,3 +371,11 @@ def _port_range(text: str) -> tuple[int, int]:
     if not dash or not low.isdigit() or not high.isdigit():
         raise ValueError(f"--rtp-ports wants LOW-HIGH, not {text!r}")
     return int(low), int(high)
+
+
+def _call_counts(text: str) -> list[int]:
+    """`--sweep 280,300,320`: positive call counts (argparse reports the ValueError)."""
+    counts = [int(part) for part in text.split(",") if part.strip()]
+    if not counts or min(counts) < 1:
+        raise ValueError(f"--sweep wants positive call counts like 128,144, not {text!r}")
+    return counts

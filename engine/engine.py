@@ -8,6 +8,7 @@ reaches the tick only through the slot table's snapshot.
 """
 
 import logging
+import sys
 import threading
 import time
 from collections import deque
@@ -258,8 +259,30 @@ class Engine:
             "ticks": self.ticks_run,
             "misses": self.ticks_missed,
             "recent_tick_ms": _tick_percentiles(self.recent_ticks_s),
+            "busy_share": _busy_share(self.recent_ticks_s, self.period_ns),
+            "kernels_per_tick": self.executor.kernels_per_tick,
+            "gpu_memory_gb": _gpu_memory_gb(),
             "calls": calls,
         }
+
+
+def _busy_share(durations_s: deque[float], period_ns: int) -> float | None:
+    """Mean share of the tick period spent from release to outputs published (recent ticks):
+    how busy the step keeps the device, host copies and the one sync included."""
+    if not durations_s:
+        return None
+    return round(sum(durations_s) / len(durations_s) / (period_ns / 1e9), 4)
+
+
+def _gpu_memory_gb() -> dict[str, float] | None:
+    """torch.cuda's allocated and peak memory, only where the model already loaded torch."""
+    torch = sys.modules.get("torch")
+    if torch is None or not torch.cuda.is_available():
+        return None
+    return {
+        "allocated": round(torch.cuda.memory_allocated() / 1e9, 2),
+        "peak": round(torch.cuda.max_memory_allocated() / 1e9, 2),
+    }
 
 
 def _tick_percentiles(durations_s: deque[float]) -> dict[str, float] | None:

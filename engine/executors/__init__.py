@@ -12,6 +12,10 @@ class Executor(Protocol):
     @property
     def model(self) -> Model: ...
 
+    @property
+    def kernels_per_tick(self) -> int | None:
+        """Kernels one tick launches, where the executor knows (a captured graph's nodes)."""
+
     def run(self, pcm_in: PcmBatch, reset: Mask, active: Mask) -> StepOutput: ...
 
 

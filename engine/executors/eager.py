@@ -8,6 +8,7 @@ from engine.models.base import Mask, Model, PcmBatch, StepOutput
 
 class EagerExecutor:
     name = "eager"
+    kernels_per_tick: int | None = None  # not counted: whatever the model launches
 
     def __init__(self, model: Model) -> None:
         self.model = model

@@ -8,6 +8,9 @@ masks; nothing is reshaped, allocated or decided on device values inside the tic
 
 What cannot be captured stays outside the graph and runs before it: the model's `prepare`
 (host-decided work, such as replaying a prompt into the rows that start a call).
+
+`kernels_per_tick` is the number of kernel nodes in the captured graph (graph_nodes.py): what
+one tick launches, reported in the engine's status and by `cadence bench engine`.
 """
 
 from typing import Protocol, runtime_checkable
@@ -15,6 +18,7 @@ from typing import Protocol, runtime_checkable
 import torch
 from torch import Tensor
 
+from engine.executors.graph_nodes import count_kernel_nodes
 from engine.models.base import Mask, Model, PcmBatch, StepOutput, check_step_inputs
 
 WARMUP_STEPS = 3
@@ -51,8 +55,11 @@ class GraphExecutor:
         self._pcm = torch.zeros(slots, samples, dtype=torch.float32, device=device)
         self._reset = torch.zeros(slots, dtype=torch.bool, device=device)
         self._active = torch.zeros(slots, dtype=torch.bool, device=device)
-        self.graph = torch.cuda.CUDAGraph()
+        # kept (not only instantiated) so its nodes can be counted
+        self.graph = torch.cuda.CUDAGraph(keep_graph=True)
         self._out_pcm, self._out_tokens = self._capture()
+        self.kernels_per_tick: int | None = count_kernel_nodes(self.graph.raw_cuda_graph())
+        self.graph.instantiate()  # now, not on the first live tick
         self._pcm_out_host = torch.zeros_like(self._out_pcm, device="cpu").pin_memory()
         self._tokens_out_host = torch.zeros_like(self._out_tokens, device="cpu").pin_memory()
 

@@ -51,3 +51,21 @@ def test_graph_replays_match_eager_steps_with_calls_joining_and_leaving(greedy: 
         got = graph.run(pcm, reset, active)
         np.testing.assert_array_equal(got.tokens, want.tokens, err_msg=f"step {step}")
         np.testing.assert_allclose(got.pcm, want.pcm, atol=1e-5, err_msg=f"step {step}")
+
+
+def test_kernels_per_tick_counts_the_kernels_one_step_launches() -> None:
+    model = _model(greedy=True)
+    graph = GraphExecutor(model)
+    pcm = torch.zeros(SLOTS, 1920, device="cuda")
+    flags = torch.ones(SLOTS, dtype=torch.bool, device="cuda")
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        model.device_step(pcm, ~flags, flags)
+        torch.cuda.synchronize()
+    launched = [
+        e
+        for e in prof.events()
+        if e.device_type.name == "CUDA" and not e.name.startswith(("Memcpy", "Memset"))
+    ]
+    assert graph.kernels_per_tick is not None
+    # the graph holds exactly the step's kernels; allow the profiler a few it names otherwise
+    assert abs(graph.kernels_per_tick - len(launched)) <= 0.02 * len(launched)

@@ -1,0 +1,146 @@
+"""Where a Moshi 7B tick goes: time and kernels per stage of the device step, on one GPU.
+
+    python bench/engine_stages.py --slots 1,128 --json OUT.json
+
+For each slot count it builds Cadence's Moshi (bf16, random weights, 1500-frame KV rings,
+greedy) and captures each stage of `MoshiModel.device_step` as its own CUDA graph:
+
+- `mimi_encode`: pcm [slots, 1920] -> user codes [slots, 8] (SEANet, transformer, RVQ), fp32;
+- `temporal`: token embedding + 32-layer temporal transformer + out norm + text head + text
+  sampling (every ring full: each slot's position is set past the context first);
+- `depformer`: 8 dependent depth steps x 6 layers, with sampling;
+- `mimi_decode`: codes [slots, 8] -> pcm [slots, 1920], fp32.
+
+Reported per stage: median and p99 ms per replay (CUDA events, 50 replays after 5), and the
+number of kernels one eager run of the stage launches (torch profiler). The sum of the
+stages is close to, not equal to, the whole step (the whole step also does the delay
+bookkeeping and the resets).
+"""
+
+import argparse
+import json
+import logging
+import os
+import platform
+import statistics
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+os.environ.setdefault("NO_TORCH_COMPILE", "1")
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import torch
+
+from engine.models.moshi.config import moshiko
+from engine.models.moshi.lm import MoshiLm
+from engine.models.moshi.mimi.codec import MimiCodec
+from engine.models.moshi.model import randomize
+from engine.models.moshi.sampling import Sampling, sample
+
+log = logging.getLogger("engine_stages")
+REPLAYS = 50
+
+
+def count_kernels(stage: Callable[[], object]) -> int:
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        stage()
+        torch.cuda.synchronize()
+    return len([e for e in prof.events() if e.device_type.name == "CUDA"])
+
+
+def time_graph(stage: Callable[[], object]) -> dict[str, float]:
+    side = torch.cuda.Stream()  # type: ignore[no-untyped-call]
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(3):
+            stage()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        stage()
+    times = []
+    for index in range(REPLAYS + 5):
+        begin = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
+        end = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
+        begin.record()
+        graph.replay()
+        end.record()
+        end.synchronize()
+        if index >= 5:
+            times.append(begin.elapsed_time(end))
+    times.sort()
+    return {
+        "median_ms": round(statistics.median(times), 3),
+        "p99_ms": round(times[int(0.99 * (len(times) - 1))], 3),
+    }
+
+
+def stages(slots: int) -> dict[str, Any]:
+    config = moshiko()
+    device = torch.device("cuda")
+    greedy = Sampling(greedy=True, temperature=1.0, top_k=1)
+    generator = torch.Generator(device=device).manual_seed(0)
+    lm = MoshiLm(config.lm, slots, device, torch.bfloat16, greedy, greedy, generator)
+    mimi = MimiCodec(config.mimi, slots, device)
+    randomize(lm, 1)
+    randomize(mimi, 2)
+    lm.eval()
+    mimi.eval()
+    lm.transformer.positions.fill_(2 * config.lm.context)  # every ring full
+    pcm = torch.randn(slots, config.mimi.frame_samples, device=device) * 0.1
+    codes = torch.zeros(slots, config.lm.audio_codebooks, device=device, dtype=torch.long)
+    tokens = torch.zeros(slots, 1, lm.delays.delays.shape[0], device=device, dtype=torch.long)
+    hidden = torch.zeros(slots, 1, config.lm.dim, device=device, dtype=torch.bfloat16)
+    text = torch.zeros(slots, device=device, dtype=torch.long)
+
+    def temporal() -> None:
+        out = lm.out_norm(lm.transformer.step(lm.embed(tokens)))
+        hidden.copy_(out)
+        text.copy_(sample(lm.text_linear(out)[:, 0].float(), greedy, generator))
+
+    plan: dict[str, Callable[[], object]] = {
+        "mimi_encode": lambda: mimi.encode(pcm),
+        "temporal": temporal,
+        "depformer": lambda: lm.depformer(hidden, text, greedy, generator),
+        "mimi_decode": lambda: mimi.decode(codes),
+    }
+    row: dict[str, Any] = {"slots": slots}
+    with torch.no_grad():
+        for name, stage in plan.items():
+            row[name] = time_graph(stage) | {"kernels": count_kernels(stage)}
+            log.info("%d slots %s %s", slots, name, row[name])
+    row["sum_median_ms"] = round(sum(row[name]["median_ms"] for name in plan), 3)
+    row["sum_kernels"] = sum(row[name]["kernels"] for name in plan)
+    return row
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--slots", default="1,128")
+    parser.add_argument("--json", type=Path)
+    args = parser.parse_args()
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
+    result: dict[str, Any] = {
+        "command": " ".join(sys.argv),
+        "machine": {
+            "gpu": torch.cuda.get_device_name(),
+            "python": platform.python_version(),
+            "torch": torch.__version__,
+            "cuda": torch.version.cuda,
+        },
+        "model": "moshiko 7B shapes, random weights, bf16, context 1500 frames, rings full",
+        "rows": [],
+    }
+    for slots in [int(s) for s in args.slots.split(",")]:
+        result["rows"].append(stages(slots))
+        torch.cuda.empty_cache()
+        if args.json:
+            args.json.write_text(json.dumps(result, indent=1))
+    print(json.dumps(result["rows"], indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
