@@ -36,6 +36,13 @@ def _engine_options(p: argparse.ArgumentParser) -> None:
     g.add_argument("--metrics-host", default="127.0.0.1", help="engine /metrics address")
     g.add_argument("--metrics-port", type=int, default=9101, help="engine /metrics port (0: off)")
     g.add_argument(
+        "--watchdog-s",
+        type=float,
+        default=10.0,
+        help="a step running longer than this is hung: the engine exits and `serve` restarts "
+        "it (0: off)",
+    )
+    g.add_argument(
         "--test-hooks",
         action="store_true",
         help="accept test-only control ops (an induced tick stall); never in production",
@@ -160,6 +167,7 @@ def _engine_argv(a: argparse.Namespace) -> list[str]:
         f"--metrics-host={a.metrics_host}",
         f"--metrics-port={a.metrics_port}",
         f"--log-level={a.log_level}",
+        f"--watchdog-s={a.watchdog_s}",
         *(["--test-hooks"] if a.test_hooks else []),
         f"--config={a.config}",
         f"--device={a.device}",
@@ -312,6 +320,7 @@ def _dispatch(args: argparse.Namespace) -> int:
                 metrics_host=args.metrics_host,
                 metrics_port=args.metrics_port,
                 test_hooks=args.test_hooks,
+                watchdog_s=args.watchdog_s,
                 model_options=ModelOptions(
                     checkpoint=args.checkpoint,
                     config=args.config,

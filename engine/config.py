@@ -19,6 +19,7 @@ class EngineConfig:
     metrics_host: str = "127.0.0.1"
     metrics_port: int = 9101  # 0: no metrics endpoint
     test_hooks: bool = False  # accept test-only control ops (an induced stall)
+    watchdog_s: float = 10.0  # a step running longer is hung: the engine exits (0: never)
     model_options: ModelOptions = field(default_factory=ModelOptions)
 
     def __post_init__(self) -> None:
@@ -35,6 +36,8 @@ class EngineConfig:
             raise ValueError(f"tick period must be in 5 ms..1 s, got {self.tick_period_s}")
         if not 2 <= self.ring_depth <= 64:
             raise ValueError(f"ring depth must be in 2..64, got {self.ring_depth}")
+        if not 0 <= self.watchdog_s <= 3600:
+            raise ValueError(f"--watchdog-s must be in 0..3600 (0: off), got {self.watchdog_s}")
         if not 0 <= self.metrics_port <= 65535:
             raise ValueError(f"invalid metrics port {self.metrics_port}")
         if not self.ring_name or "/" in self.ring_name:

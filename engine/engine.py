@@ -22,6 +22,7 @@ from engine.executors import Executor
 from engine.metrics import EngineMetrics
 from engine.ring import EngineState, SharedRing, SlotState
 from engine.slots import Admission, SlotTable
+from engine.watchdog import StepWatchdog
 
 log = logging.getLogger(__name__)
 
@@ -45,6 +46,7 @@ class Engine:
         table: SlotTable,
         metrics: EngineMetrics,
         period_ns: int,
+        watchdog: StepWatchdog | None = None,
     ) -> None:
         model = executor.model
         slots, samples = model.slots, model.frame.samples
@@ -55,6 +57,7 @@ class Engine:
         self.table = table
         self.metrics = metrics
         self.period_ns = period_ns
+        self.watchdog = watchdog  # None: a hung step blocks the engine forever
         self.clock = TickClock(0, period_ns)
         self.ticks_run = 0
         self.ticks_missed = 0
@@ -114,10 +117,14 @@ class Engine:
         t_gathered = time.perf_counter()
 
         # step
+        if self.watchdog is not None:
+            self.watchdog.step_started(tick)
         out = self.executor.run(self._pcm_in, reset, live)
         if self.stall_next_tick_s:
             time.sleep(self.stall_next_tick_s)
             self.stall_next_tick_s = 0.0
+        if self.watchdog is not None:
+            self.watchdog.step_finished()
         t_stepped = time.perf_counter()
 
         # scatter

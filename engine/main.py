@@ -16,6 +16,7 @@ from engine.metrics import EngineMetrics
 from engine.models import build_model
 from engine.ring import EngineState, RingSpec, SharedRing
 from engine.slots import SlotTable
+from engine.watchdog import StepWatchdog, exit_hung
 
 log = logging.getLogger(__name__)
 
@@ -55,7 +56,11 @@ def run_engine(config: EngineConfig) -> int:
         if config.metrics_port:
             start_http_server(config.metrics_port, config.metrics_host, registry=metrics.registry)
         table = SlotTable(config.slots, accepting=False)
-        engine = Engine(executor, ring, table, metrics, config.tick_period_ns)
+        watchdog = None
+        if config.watchdog_s:
+            watchdog = StepWatchdog(config.watchdog_s, lambda: exit_hung(ring.abandon))
+            watchdog.start()
+        engine = Engine(executor, ring, table, metrics, config.tick_period_ns, watchdog)
         hello = {
             "ring": ring.name,
             "slots": config.slots,

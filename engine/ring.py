@@ -233,6 +233,13 @@ class SharedRing:
         if self._owner:
             self._shm.unlink()
 
+    def abandon(self) -> None:
+        """A hung engine's last act: say STOPPED in the header and unlink the segment, without
+        closing the mapping (the stuck main thread may still hold views into it)."""
+        self.header["engine_state"] = EngineState.STOPPED
+        if self._owner:
+            self._shm.unlink()
+
     # -- engine-side header ------------------------------------------------------------------
 
     def set_engine_state(self, state: EngineState) -> None:

@@ -1,0 +1,77 @@
+"""A hung step ends the engine process, so the supervisor can start a fresh one.
+
+A GPU program that never finishes (a kernel spinning on a flag that is never set, a driver
+fault) leaves the engine's main thread blocked in the tick's one host sync, where no Python
+exception can reach it: every call freezes, silently. The watchdog is a thread that sees how
+long the current step has been running; past `limit_s` it logs which tick hung, unlinks the
+shared-memory ring, and ends the process with EXIT_HUNG. `cadence serve`'s supervisor restarts
+a dead engine; gateways see the control socket close and report "engine down", then "back".
+
+The limit is far above any real step (80 ms ticks; a tick that admits many calls with prompt
+prefills takes longer, still well under a second): it tells hung from late, and lateness is
+what the deadline metrics count.
+"""
+
+import logging
+import os
+import threading
+import time
+from collections.abc import Callable
+
+log = logging.getLogger(__name__)
+
+EXIT_HUNG = 70  # EX_SOFTWARE: internal error
+
+
+class StepWatchdog:
+    def __init__(self, limit_s: float, on_hang: Callable[[], None]) -> None:
+        if limit_s <= 0:
+            raise ValueError(f"the watchdog limit must be positive, got {limit_s}")
+        self.limit_s = limit_s
+        self._on_hang = on_hang
+        self._lock = threading.Lock()
+        self._started_s: float | None = None  # monotonic start of the step in flight
+        self._tick = -1
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._watch, name="step-watchdog", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def step_started(self, tick: int) -> None:
+        with self._lock:
+            self._started_s = time.monotonic()
+            self._tick = tick
+
+    def step_finished(self) -> None:
+        with self._lock:
+            self._started_s = None
+
+    def _watch(self) -> None:
+        period = min(0.1, self.limit_s / 4)
+        while not self._stop.wait(period):
+            with self._lock:
+                started, tick = self._started_s, self._tick
+            if started is not None and time.monotonic() - started > self.limit_s:
+                log.critical(
+                    "tick %d has been stepping for over %.1f s: the step is hung; exiting so "
+                    "the supervisor restarts the engine",
+                    tick,
+                    self.limit_s,
+                )
+                self._on_hang()
+                return
+
+
+def exit_hung(cleanup: Callable[[], None]) -> None:
+    """Run `cleanup` (best effort), then end the process at once with EXIT_HUNG: the main
+    thread is stuck and cannot unwind, so no finally-block of it will run."""
+    try:
+        cleanup()
+    finally:
+        logging.shutdown()
+        os._exit(EXIT_HUNG)
