@@ -12,7 +12,10 @@ Requests and replies, one JSON object per line:
     anything else                           -> {"ok": false, "reason": "bad_request", ...}
 
 It runs on its own thread, never on the tick thread. When a connection closes, every slot it
-opened is freed: a gateway that dies cannot leak slots.
+opened is freed: a gateway that dies cannot leak slots. Replies are queued per connection and
+written as the socket takes them: a peer that reads slowly (a status reply of hundreds of calls
+outgrows the socket buffer) delays only itself, never another gateway's admission; one that
+lets more than MAX_PENDING_BYTES of replies pile up is disconnected.
 
 `stall` makes the next tick late on purpose, so an integration test can cause a real deadline
 miss; it is refused unless the engine was started with --test-hooks.
@@ -32,7 +35,7 @@ from engine.slots import Admission, AdmissionRefused, SlotTable
 log = logging.getLogger(__name__)
 
 MAX_LINE_BYTES = 64 * 1024
-SEND_TIMEOUT_S = 2.0
+MAX_PENDING_BYTES = 16 * 1024 * 1024  # unread replies one connection may hold
 
 StatusFn = Callable[[], dict[str, Any]]
 StallFn = Callable[[float], None]
@@ -66,7 +69,8 @@ class ControlServer:
         self._observer = observer
         self._stall = stall  # None unless test hooks are on
         self._selector = selectors.DefaultSelector()
-        self._buffers: dict[int, bytearray] = {}
+        self._buffers: dict[int, bytearray] = {}  # per connection: request bytes so far
+        self._pending: dict[int, bytearray] = {}  # per connection: reply bytes not yet sent
         self._stop = threading.Event()
         path.unlink(missing_ok=True)
         self._listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -90,12 +94,15 @@ class ControlServer:
 
     def _serve(self) -> None:
         while not self._stop.is_set():
-            for key, _ in self._selector.select(timeout=0.1):
+            for key, events in self._selector.select(timeout=0.1):
                 sock = key.fileobj
                 assert isinstance(sock, socket.socket)
                 if sock is self._listener:
                     self._accept()
-                else:
+                    continue
+                if events & selectors.EVENT_WRITE and not self._flush(sock):
+                    continue  # dropped
+                if events & selectors.EVENT_READ:
                     self._read(sock)
 
     def _accept(self) -> None:
@@ -105,6 +112,7 @@ class ControlServer:
             return
         conn.setblocking(False)
         self._buffers[conn.fileno()] = bytearray()
+        self._pending[conn.fileno()] = bytearray()
         self._selector.register(conn, selectors.EVENT_READ)
 
     def _read(self, conn: socket.socket) -> None:
@@ -124,18 +132,33 @@ class ControlServer:
             line, _, rest = bytes(buf).partition(b"\n")
             buf[:] = rest
             reply = self._handle(line, owner)
-            try:
-                # a status reply of many calls outgrows the socket buffer: send it whole,
-                # blocking at most SEND_TIMEOUT_S, rather than fail on a non-blocking socket
-                conn.settimeout(SEND_TIMEOUT_S)
-                conn.sendall(json.dumps(reply).encode() + b"\n")
-                conn.setblocking(False)
-            except OSError:
+            self._pending[owner] += json.dumps(reply).encode() + b"\n"
+            if len(self._pending[owner]) > MAX_PENDING_BYTES:
+                log.warning("control connection does not read its replies; closing it")
                 self._drop(conn)
+                return
+            if not self._flush(conn):
                 return
         if len(buf) > MAX_LINE_BYTES:
             log.warning("control connection sent an over-long line; closing it")
             self._drop(conn)
+
+    def _flush(self, conn: socket.socket) -> bool:
+        """Send what the socket takes now; watch for writability while some is left.
+        False when the connection was dropped."""
+        pending = self._pending[conn.fileno()]
+        try:
+            sent = conn.send(pending) if pending else 0
+        except (BlockingIOError, InterruptedError):
+            sent = 0
+        except OSError:
+            self._drop(conn)
+            return False
+        del pending[:sent]
+        events = selectors.EVENT_READ | (selectors.EVENT_WRITE if pending else 0)
+        if self._selector.get_key(conn).events != events:
+            self._selector.modify(conn, events)
+        return True
 
     def _drop(self, conn: socket.socket) -> None:
         owner = conn.fileno()
@@ -143,6 +166,7 @@ class ControlServer:
             log.info("gateway connection closed: freed slot %d (call %s)", info.slot, info.call_id)
             self._observer.closed(info.slot)
         self._buffers.pop(owner, None)
+        self._pending.pop(owner, None)
         self._selector.unregister(conn)
         conn.close()
 

@@ -1,5 +1,6 @@
 """The engine's pure parts and one real tick over a real ring and control socket."""
 
+import json
 import socket
 import time
 from collections.abc import Iterator
@@ -158,3 +159,28 @@ def test_an_engine_that_is_not_ticking_yet_refuses_calls() -> None:
     assert refused.value.reason == "starting"
     table.accepting = True
     assert table.open("on time", owner=1).slot == 0
+
+
+def test_a_peer_that_does_not_read_delays_only_itself(
+    rig: tuple[Engine, ControlServer, Path],
+) -> None:
+    _, _, path = rig
+    requests = 4000  # ~1 MB of status replies: far more than a Unix socket buffers
+    with socket.socket(socket.AF_UNIX) as slow, socket.socket(socket.AF_UNIX) as other:
+        slow.connect(str(path))
+        other.connect(str(path))
+        slow.sendall(b'{"op": "status"}\n' * requests)  # and read nothing yet
+        time.sleep(0.3)  # the server has answered into a full socket by now
+        other.settimeout(1.0)
+        t0 = time.monotonic()
+        assert ask(other, {"op": "open", "call_id": "prompt"})["ok"] is True
+        assert time.monotonic() - t0 < 0.5
+        slow.settimeout(10.0)
+        data = b""
+        while data.count(b"\n") < requests:
+            chunk = slow.recv(1 << 20)
+            assert chunk, "the slow peer was disconnected"
+            data += chunk
+        replies = [json.loads(line) for line in data.splitlines()]
+        assert len(replies) == requests
+        assert all(reply["ok"] is True for reply in replies)
