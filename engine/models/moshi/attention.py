@@ -25,11 +25,35 @@ from torch import Tensor, nn
 from torch.nn import functional
 
 
-def rms_norm(x: Tensor, alpha: Tensor, eps: float) -> Tensor:
-    """RMSNorm computed in fp32 (as Kyutai's `rms_norm_f32`), returned in x's dtype."""
+def fused_on(x: Tensor, fused: bool | None) -> bool:
+    """Whether to run the fused Triton kernels: `fused` if given, else on CUDA tensors only
+    (CPU runs keep torch's ops, bit for bit)."""
+    return x.is_cuda if fused is None else fused
+
+
+def rms_norm(x: Tensor, alpha: Tensor, eps: float, fused: bool = False) -> Tensor:
+    """RMSNorm computed in fp32 (as Kyutai's `rms_norm_f32`), returned in x's dtype; `fused`:
+    in one launch of kernels/rms_norm.py (CUDA, or its interpreter) instead of ~9 torch ops."""
+    if fused:
+        # imported here: triton is absent from CPU-only installs, which never take this path
+        from kernels.rms_norm import rms_norm as rms_norm_kernel
+
+        return rms_norm_kernel(x, alpha, eps)
     x_f32 = x.float()
     var = eps + torch.mean(x_f32**2, dim=-1, keepdim=True)
     return (x_f32 * (alpha.to(var) * torch.rsqrt(var))).to(x.dtype)
+
+
+def add_rms_norm(
+    x: Tensor, residual: Tensor, alpha: Tensor, eps: float, fused: bool = False
+) -> tuple[Tensor, Tensor]:
+    """(x + residual, rms_norm(x + residual)), the sum in x's dtype; `fused`: one launch."""
+    if fused:
+        from kernels.rms_norm import add_rms_norm as add_rms_norm_kernel
+
+        return add_rms_norm_kernel(x, residual, alpha, eps)
+    total = x + residual
+    return total, rms_norm(total, alpha, eps)
 
 
 class RmsNorm(nn.Module):
@@ -38,9 +62,11 @@ class RmsNorm(nn.Module):
         self.eps = eps
         # [1, 1, dim]: the checkpoint's own shape
         self.alpha = nn.Parameter(torch.ones(1, 1, dim, device=device, dtype=dtype))
+        # None: the fused kernel on CUDA only (see fused_on); set it before a graph is captured
+        self.fused: bool | None = None
 
     def forward(self, x: Tensor) -> Tensor:
-        return rms_norm(x, self.alpha, self.eps)
+        return rms_norm(x, self.alpha, self.eps, fused_on(x, self.fused))
 
 
 def apply_rope(x: Tensor, positions: Tensor, max_period: float) -> Tensor:

@@ -22,7 +22,7 @@ import torch
 from torch import Tensor, nn
 from torch.nn import functional
 
-from engine.models.moshi.attention import RmsNorm
+from engine.models.moshi.attention import RmsNorm, add_rms_norm, fused_on, rms_norm
 from engine.models.moshi.sampling import Sampling, sample
 from engine.models.moshi.transformer import RMS_EPS, gated_ffn
 
@@ -36,18 +36,25 @@ class StepAttention(nn.Module):
         self.in_proj = nn.Parameter(torch.zeros(steps, 3 * dim, dim, device=device, dtype=dtype))
         self.out_proj = nn.Parameter(torch.zeros(steps, dim, dim, device=device, dtype=dtype))
 
-    def forward(self, x: Tensor, step: int, keys: Tensor, values: Tensor) -> Tensor:
-        """x: [B, 1, dim]; keys/values: [B, H, steps, head_dim], filled for steps < `step`."""
+    def forward(self, x: Tensor, step: int, keys: Tensor, values: Tensor, fused: bool) -> Tensor:
+        """x: [B, 1, dim]; keys/values: [B, H, steps, head_dim], filled for steps < `step`.
+        `fused`: the scratch write and the attention in one launch (kernels/step_attention.py)."""
         batch, _, dim = x.shape
-        qkv = functional.linear(x, self.in_proj[step]).view(
-            batch, 3, self.num_heads, dim // self.num_heads
-        )
-        q, k, v = qkv.unsqueeze(3).unbind(1)  # each [B, H, 1, head_dim]
-        keys[:, :, step : step + 1] = k
-        values[:, :, step : step + 1] = v
-        out = functional.scaled_dot_product_attention(
-            q, keys[:, :, : step + 1], values[:, :, : step + 1]
-        )  # all earlier steps are visible: no mask
+        qkv = functional.linear(x, self.in_proj[step])
+        if fused:
+            # imported here: triton is absent from CPU-only installs, which never take this path
+            from kernels.step_attention import step_attention
+
+            out = step_attention(qkv.view(batch, 3 * dim), keys, values, step)
+        else:
+            q, k, v = (
+                qkv.view(batch, 3, self.num_heads, dim // self.num_heads).unsqueeze(3).unbind(1)
+            )  # each [B, H, 1, head_dim]
+            keys[:, :, step : step + 1] = k
+            values[:, :, step : step + 1] = v
+            out = functional.scaled_dot_product_attention(
+                q, keys[:, :, : step + 1], values[:, :, : step + 1]
+            )  # all earlier steps are visible: no mask
         return functional.linear(out.reshape(batch, 1, dim), self.out_proj[step])
 
 
@@ -61,8 +68,9 @@ class StepFfn(nn.Module):
         )
         self.linear_out = nn.Parameter(torch.zeros(steps, dim, hidden, device=device, dtype=dtype))
 
-    def forward(self, x: Tensor, step: int) -> Tensor:
-        return gated_ffn(x, self.linear_in[step], self.linear_out[step])
+    def forward(self, x: Tensor, step: int, residual: Tensor, fused: bool) -> Tensor:
+        """residual + FFN(x) with step's weights (see gated_ffn for `fused`)."""
+        return gated_ffn(x, self.linear_in[step], self.linear_out[step], residual, fused)
 
 
 class DepformerLayer(nn.Module):
@@ -81,10 +89,25 @@ class DepformerLayer(nn.Module):
         self.norm2 = RmsNorm(dim, RMS_EPS, device, dtype)
         self.gating = StepFfn(steps, dim, hidden, device, dtype)
 
-    def forward(self, x: Tensor, step: int, keys: Tensor, values: Tensor) -> Tensor:
-        x = x + self.self_attn(self.norm1(x), step, keys, values)
-        update: Tensor = self.gating(self.norm2(x), step)
-        return x + update
+    def forward(
+        self,
+        x: Tensor,
+        pending: Tensor | None,
+        step: int,
+        keys: Tensor,
+        values: Tensor,
+        fused: bool,
+    ) -> Tensor:
+        """The layer's input is x + pending (pending: the first layer's token embedding, added
+        in the norm's launch when fused). `fused`: the kernels of kernels/ (see gated_ffn)."""
+        if pending is None:
+            normed = rms_norm(x, self.norm1.alpha, self.norm1.eps, fused)
+        else:
+            x, normed = add_rms_norm(x, pending, self.norm1.alpha, self.norm1.eps, fused)
+        attended = self.self_attn(normed, step, keys, values, fused)
+        x, normed = add_rms_norm(x, attended, self.norm2.alpha, self.norm2.eps, fused)
+        out: Tensor = self.gating(normed, step, x, fused)
+        return out
 
 
 class Depformer(nn.Module):
@@ -123,6 +146,9 @@ class Depformer(nn.Module):
         self.values: Tensor
         self.register_buffer("keys", torch.zeros(scratch, device=device, dtype=dtype), False)
         self.register_buffer("values", torch.zeros(scratch, device=device, dtype=dtype), False)
+        # None: the fused kernels on CUDA only (see fused_on). Read at every call: set it
+        # before a graph is captured
+        self.fused: bool | None = None
 
     def forward(
         self,
@@ -138,17 +164,27 @@ class Depformer(nn.Module):
         Where forced_mask: bool [B, steps] is set, that codebook is forced: forced: int64
         [B, steps] is returned and fed to the next step instead of the sampled token.
         """
+        fused = fused_on(hidden, self.fused)
+        dep_dim = self.depformer_in.shape[1]
+        projected = None
+        if fused:
+            # the input projections of all steps in one GEMM: they do not depend on the tokens
+            projected = functional.linear(hidden, self.depformer_in.view(-1, hidden.shape[-1]))
         tokens: list[Tensor] = []
         previous = text
         for step in range(self.steps):
             table = self.depformer_text_emb if step == 0 else self.depformer_emb[step - 1]
-            x = (
-                functional.linear(hidden, self.depformer_in[step])
-                + functional.embedding(previous, table)[:, None]
-            )
+            embedded = functional.embedding(previous, table)[:, None]  # [B, 1, dep_dim]
+            if projected is not None:
+                x = projected[..., step * dep_dim : (step + 1) * dep_dim]
+            else:
+                x = functional.linear(hidden, self.depformer_in[step])
+            pending: Tensor | None = embedded
             for index, layer in enumerate(self.layers):
                 batch = x.shape[0]  # all slots, or 1 for a prompt replay
-                x = layer(x, step, self.keys[index, :batch], self.values[index, :batch])
+                keys, values = self.keys[index, :batch], self.values[index, :batch]
+                x = layer(x, pending, step, keys, values, fused)
+                pending = None
             logits = functional.linear(x[:, 0], self.linears[step])  # [B, card]
             token = sample(logits, how, generator)
             if forced is not None and forced_mask is not None:

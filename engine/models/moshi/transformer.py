@@ -23,7 +23,15 @@ import torch
 from torch import Tensor, nn
 from torch.nn import functional
 
-from engine.models.moshi.attention import RingAttention, RingDecode, RmsNorm, ring_mask
+from engine.models.moshi.attention import (
+    RingAttention,
+    RingDecode,
+    RmsNorm,
+    add_rms_norm,
+    fused_on,
+    ring_mask,
+    rms_norm,
+)
 
 RMS_EPS = 1e-8
 
@@ -36,15 +44,38 @@ class GatedFfn(nn.Module):
         self.linear_in = nn.Linear(dim, 2 * hidden, bias=False, device=device, dtype=dtype)
         self.linear_out = nn.Linear(hidden, dim, bias=False, device=device, dtype=dtype)
 
-    def forward(self, x: Tensor) -> Tensor:
-        return gated_ffn(x, self.linear_in.weight, self.linear_out.weight)
+    def forward(self, x: Tensor, residual: Tensor, fused: bool) -> Tensor:
+        """residual + FFN(x) (see gated_ffn for `fused`)."""
+        return gated_ffn(x, self.linear_in.weight, self.linear_out.weight, residual, fused)
 
 
-def gated_ffn(x: Tensor, weight_in: Tensor, weight_out: Tensor) -> Tensor:
-    """x: [B, T, dim]; weight_in: [2 * hidden, dim]; weight_out: [dim, hidden]."""
+def gated_ffn(
+    x: Tensor,
+    weight_in: Tensor,
+    weight_out: Tensor,
+    residual: Tensor | None = None,
+    fused: bool = False,
+) -> Tensor:
+    """x: [B, T, dim]; weight_in: [2 * hidden, dim]; weight_out: [dim, hidden]. Returns the
+    FFN's output, plus `residual` ([B, T, dim], x's dtype) when given.
+
+    `fused`: the gate in one launch (kernels/gated_silu.py) and the residual added by the
+    output GEMM itself (beta = 1: one kernel and one rounding instead of two); the sum is then
+    accumulated into `residual`, which must be a tensor nothing else reads afterwards."""
     h = functional.linear(x, weight_in)
-    h = h.view(*h.shape[:-1], 2, -1)
-    return functional.linear(functional.silu(h[..., 0, :]) * h[..., 1, :], weight_out)
+    if not fused:
+        pair = h.view(*h.shape[:-1], 2, -1)
+        update = functional.linear(functional.silu(pair[..., 0, :]) * pair[..., 1, :], weight_out)
+        return update if residual is None else residual + update
+    # imported here: triton is absent from CPU-only installs, which never take this path
+    from kernels.gated_silu import gated_silu
+
+    gated = gated_silu(h)
+    if residual is None:
+        return functional.linear(gated, weight_out)
+    rows = residual.view(-1, residual.shape[-1])
+    rows.addmm_(gated.view(-1, gated.shape[-1]), weight_out.t())
+    return residual
 
 
 class TemporalLayer(nn.Module):
@@ -62,13 +93,19 @@ class TemporalLayer(nn.Module):
         self.self_attn = RingAttention(dim, num_heads, max_period, device, dtype)
         self.norm2 = RmsNorm(dim, RMS_EPS, device, dtype)
         self.gating = GatedFfn(dim, ffn_hidden, device, dtype)
+        # None: the fused norm and gate kernels on CUDA only (see fused_on). Read at every call:
+        # set it before a graph is captured
+        self.fused: bool | None = None
 
     def forward(
         self, x: Tensor, start: Tensor, keys: Tensor, values: Tensor, mask: Tensor | RingDecode
     ) -> Tensor:
-        x = x + self.self_attn(self.norm1(x), start, keys, values, mask)
-        update: Tensor = self.gating(self.norm2(x))
-        return x + update
+        fused = fused_on(x, self.fused)
+        normed = rms_norm(x, self.norm1.alpha, self.norm1.eps, fused)
+        attended = self.self_attn(normed, start, keys, values, mask)
+        x, normed = add_rms_norm(x, attended, self.norm2.alpha, self.norm2.eps, fused)
+        out: Tensor = self.gating(normed, x, fused)
+        return out
 
 
 class TemporalTransformer(nn.Module):

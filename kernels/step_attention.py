@@ -1,0 +1,109 @@
+"""The depth transformer's attention for one step: append this step's key and value to the
+frame's scratch and attend over steps 0..step, as one launch.
+
+Inside a frame the depformer runs its steps one after the other; step s attends to the keys
+and values of steps 0..s of this frame only (no mask: all earlier steps are visible):
+
+    qkv:           [slots, 3 * dim]   in_proj's output, rows [q heads | k heads | v heads]
+    keys, values:  [slots, heads, steps, head_dim]   scratch, contiguous; entries < step hold
+                   this frame's earlier steps, entry `step` is written here
+    out:           [slots, dim]       softmax(q k^T / sqrt(head_dim)) v, heads side by side
+
+In torch that is two slice writes and an SDPA call. One program per (slot, head): with at most
+16 steps of head_dim 64 the whole tile fits in registers, the products run on the CUDA cores in
+fp32. The current step's key and value are used from registers, not read back after the store.
+
+Measured: see the end of this docstring.
+"""
+
+import math
+
+import torch
+import triton  # type: ignore[import-not-found,import-untyped,unused-ignore]
+import triton.language as tl  # type: ignore[import-not-found,import-untyped,unused-ignore]
+from torch import Tensor
+
+
+def step_attention_reference(qkv: Tensor, keys: Tensor, values: Tensor, step: int) -> Tensor:
+    """Writes step's key and value into the scratch, returns fp32 attention in qkv's dtype."""
+    slots, heads, _, head_dim = keys.shape
+    q, k, v = qkv.view(slots, 3, heads, head_dim).unbind(1)  # each [slots, heads, head_dim]
+    keys[:, :, step] = k
+    values[:, :, step] = v
+    scores = torch.einsum("bhd,bhnd->bhn", q.float(), keys[:, :, : step + 1].float())
+    weights = torch.softmax(scores / math.sqrt(head_dim), dim=-1)
+    out = torch.einsum("bhn,bhnd->bhd", weights, values[:, :, : step + 1].float())
+    return out.reshape(slots, heads * head_dim).to(qkv.dtype)
+
+
+# step is not specialised: values 0, 1 and 16k would each compile their own variant
+@triton.jit(do_not_specialize=["step"])  # type: ignore[untyped-decorator,unused-ignore]
+def _step_attention_kernel(  # type: ignore[no-untyped-def,unused-ignore]
+    qkv_ptr,
+    keys_ptr,
+    values_ptr,
+    out_ptr,
+    stride_qkv_row,
+    heads,
+    steps,
+    step,
+    scale,
+    head_dim: tl.constexpr,
+    steps_pow2: tl.constexpr,
+):
+    row = tl.program_id(0)  # slot * heads + head
+    slot = row // heads
+    head = row % heads
+    dim = heads * head_dim
+    dims = tl.arange(0, head_dim)
+    source = qkv_ptr + slot.to(tl.int64) * stride_qkv_row + head * head_dim + dims
+    q = tl.load(source).to(tl.float32)
+    k = tl.load(source + dim)
+    v = tl.load(source + 2 * dim)
+    scratch = row.to(tl.int64) * steps * head_dim
+    tl.store(keys_ptr + scratch + step * head_dim + dims, k)
+    tl.store(values_ptr + scratch + step * head_dim + dims, v)
+    entries = tl.arange(0, steps_pow2)
+    earlier = (entries < step)[:, None]
+    current = (entries == step)[:, None]
+    offsets = scratch + entries[:, None] * head_dim + dims[None, :]
+    keys = tl.load(keys_ptr + offsets, mask=earlier, other=0.0).to(tl.float32)
+    keys = tl.where(current, k.to(tl.float32)[None, :], keys)
+    values = tl.load(values_ptr + offsets, mask=earlier, other=0.0).to(tl.float32)
+    values = tl.where(current, v.to(tl.float32)[None, :], values)
+    scores = tl.sum(keys * q[None, :], axis=1) * scale
+    scores = tl.where(entries <= step, scores, float("-inf"))
+    weights = tl.exp(scores - tl.max(scores, axis=0))
+    out = tl.sum(weights[:, None] * values, axis=0) / tl.sum(weights, axis=0)
+    tl.store(out_ptr + slot.to(tl.int64) * dim + head * head_dim + dims, out.to(k.dtype))
+
+
+def step_attention(qkv: Tensor, keys: Tensor, values: Tensor, step: int) -> Tensor:
+    """See the module docstring: qkv [slots, 3 * dim] -> [slots, dim]; writes the scratch."""
+    slots, heads, steps, head_dim = keys.shape
+    assert qkv.shape == (slots, 3 * heads * head_dim), (qkv.shape, keys.shape)
+    assert qkv.stride(-1) == 1, f"qkv rows must be unit-stride, strides {qkv.stride()}"
+    assert values.shape == keys.shape, (values.shape, keys.shape)
+    assert keys.is_contiguous(), "the key scratch must be contiguous"
+    assert values.is_contiguous(), "the value scratch must be contiguous"
+    assert qkv.dtype == keys.dtype == values.dtype, (qkv.dtype, keys.dtype, values.dtype)
+    assert qkv.dtype in (torch.float32, torch.float16, torch.bfloat16), qkv.dtype
+    assert qkv.device == keys.device == values.device, "tensors on one device"
+    assert head_dim in (16, 32, 64, 128), f"head_dim {head_dim} must be a power of two"
+    assert 0 <= step < steps, (step, steps)
+    out = torch.empty(slots, heads * head_dim, device=qkv.device, dtype=qkv.dtype)
+    _step_attention_kernel[(slots * heads,)](
+        qkv,
+        keys,
+        values,
+        out,
+        qkv.stride(0),
+        heads,
+        steps,
+        step,
+        1.0 / math.sqrt(head_dim),
+        head_dim=head_dim,
+        steps_pow2=triton.next_power_of_2(steps),
+        num_warps=1,
+    )
+    return out

@@ -1,0 +1,165 @@
+"""The per-layer kernels (RMSNorm + residual, SiLU gate, depformer step attention) against
+their torch references, and the layers that use them against their torch paths.
+
+On a machine without CUDA the kernels run in Triton's interpreter (small shapes); on a GPU
+they are compiled. Without triton the module is skipped.
+"""
+
+import os
+
+import pytest
+
+pytest.importorskip("torch")
+
+import torch
+
+pytest.importorskip("triton", reason="triton is not installed (CPU torch does not bring it)")
+
+from engine.models.moshi.attention import RingDecode, ring_mask
+from engine.models.moshi.depformer import Depformer
+from engine.models.moshi.model import randomize
+from engine.models.moshi.sampling import Sampling
+from engine.models.moshi.transformer import TemporalLayer
+from kernels.gated_silu import gated_silu, gated_silu_reference
+from kernels.rms_norm import add_rms_norm, rms_norm, rms_norm_reference
+from kernels.step_attention import step_attention, step_attention_reference
+
+DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+DTYPES = [torch.float32, torch.bfloat16, torch.float16]
+EPS = 1e-8
+# Triton's interpreter (3.9) truncates fp32 -> bf16 instead of rounding to nearest, so there
+# about half of the bf16 outputs sit 1 ulp below torch's; compiled, they must nearly all agree
+BF16_TRUNCATED = os.environ.get("TRITON_INTERPRET") == "1"
+
+
+def _randn(*shape: int, dtype: torch.dtype, seed: int, scale: float = 1.0) -> torch.Tensor:
+    generator = torch.Generator().manual_seed(seed)
+    return (torch.randn(shape, generator=generator) * scale).to(DEVICE, dtype)
+
+
+def _assert_within_one_ulp(got: torch.Tensor, want: torch.Tensor, roundings: int = 1) -> None:
+    """fp32: within a few ulp relative; 16-bit: bit patterns at most 1 apart, and most equal.
+    Truncated (interpreted) bf16: at most one ulp per rounding the kernel does, then more."""
+    assert got.shape == want.shape, (got.shape, want.shape)
+    assert got.dtype == want.dtype, (got.dtype, want.dtype)
+    if got.dtype == torch.float32:
+        torch.testing.assert_close(got, want, rtol=4e-7, atol=1e-6)
+        return
+    bits_got = got.contiguous().view(torch.int16).int()
+    bits_want = want.contiguous().view(torch.int16).int()
+    distance = (bits_got - bits_want).abs()
+    apart = int(distance.max())
+    if got.dtype == torch.bfloat16 and BF16_TRUNCATED:
+        assert apart <= 1 + roundings, f"{apart} ulp apart"
+        return
+    assert apart <= 1, f"{apart} ulp apart"
+    assert float((distance > 0).float().mean()) <= 0.02, "more than 2% of values differ"
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape", [(3, 1, 64), (2, 5, 96), (1, 1, 1024)])
+def test_rms_norm_matches_reference(shape: tuple[int, ...], dtype: torch.dtype) -> None:
+    x = _randn(*shape, dtype=dtype, seed=1, scale=3.0)
+    alpha = _randn(1, 1, shape[-1], dtype=dtype, seed=2)
+    _assert_within_one_ulp(rms_norm(x, alpha, EPS), rms_norm_reference(x, alpha, EPS))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_add_rms_norm_sums_in_the_model_dtype_then_norms(dtype: torch.dtype) -> None:
+    x = _randn(4, 1, 160, dtype=dtype, seed=3, scale=2.0)
+    residual = _randn(4, 1, 160, dtype=dtype, seed=4)
+    alpha = _randn(160, dtype=dtype, seed=5)
+    total, normed = add_rms_norm(x, residual, alpha, EPS)
+    if dtype == torch.bfloat16 and BF16_TRUNCATED:
+        _assert_within_one_ulp(total, x + residual)
+    else:
+        assert torch.equal(total, x + residual)
+    _assert_within_one_ulp(normed, rms_norm_reference(total, alpha, EPS))
+
+
+def test_rms_norm_reads_a_column_slice_of_wider_rows() -> None:
+    wide = _randn(3, 1, 4 * 64, dtype=torch.float32, seed=6)
+    residual = _randn(3, 1, 64, dtype=torch.float32, seed=7)
+    alpha = _randn(64, dtype=torch.float32, seed=8)
+    x = wide[..., 128:192]  # row stride 256: the depformer's slice of all steps' projections
+    total, normed = add_rms_norm(x, residual, alpha, EPS)
+    assert torch.equal(total, x + residual)
+    _assert_within_one_ulp(normed, rms_norm_reference(x + residual, alpha, EPS))
+    with pytest.raises(AssertionError, match="unit-stride"):
+        rms_norm(wide[..., ::4], alpha, EPS)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape", [(3, 1, 2 * 40), (2, 2 * 1100), (1, 1, 2 * 2816)])
+def test_gated_silu_matches_reference(shape: tuple[int, ...], dtype: torch.dtype) -> None:
+    h = _randn(*shape, dtype=dtype, seed=9, scale=4.0)
+    # two roundings: silu's output (as torch rounds it) and the product
+    _assert_within_one_ulp(gated_silu(h), gated_silu_reference(h), roundings=2)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize(("slots", "heads", "steps", "head_dim"), [(3, 2, 8, 16), (2, 4, 5, 64)])
+def test_step_attention_over_a_frame_matches_reference(
+    slots: int, heads: int, steps: int, head_dim: int, dtype: torch.dtype
+) -> None:
+    shape = (slots, heads, steps, head_dim)
+    # stale entries from a previous frame: the kernel must not read entries past `step`
+    keys = _randn(*shape, dtype=dtype, seed=10, scale=50.0)
+    values = _randn(*shape, dtype=dtype, seed=11, scale=50.0)
+    want_keys, want_values = keys.clone(), values.clone()
+    tolerance = 1e-5 if dtype == torch.float32 else 1e-2
+    for step in range(steps):
+        qkv = _randn(slots, 3 * heads * head_dim, dtype=dtype, seed=20 + step, scale=2.0)
+        got = step_attention(qkv, keys, values, step)
+        want = step_attention_reference(qkv, want_keys, want_values, step)
+        assert torch.equal(keys, want_keys), f"step {step}: key scratch"
+        assert torch.equal(values, want_values), f"step {step}: value scratch"
+        torch.testing.assert_close(got, want, rtol=tolerance, atol=tolerance)
+
+
+def test_temporal_layer_fused_matches_torch_path() -> None:
+    slots, dim, heads, context = 3, 64, 4, 16
+    layer = TemporalLayer(dim, heads, 176, 1e4, DEVICE, torch.float32)
+    randomize(layer, 12)
+    with torch.no_grad():
+        for norm in (layer.norm1, layer.norm2):
+            norm.alpha.copy_(_randn(1, 1, dim, dtype=torch.float32, seed=13))
+    keys = torch.zeros(slots, heads, context, dim // heads, device=DEVICE)
+    values = torch.zeros_like(keys)
+    start = torch.tensor([0, 5, 40], device=DEVICE)
+    mask: torch.Tensor | RingDecode = ring_mask(start, 1, context, context)
+    x = _randn(slots, 1, dim, dtype=torch.float32, seed=14)
+    outputs = []
+    with torch.no_grad():
+        for fused in (False, True):
+            layer.fused = fused
+            outputs.append(layer(x, start, keys.clone(), values.clone(), mask))
+    torch.testing.assert_close(outputs[1], outputs[0], rtol=1e-5, atol=1e-5)
+
+
+def test_depformer_fused_gives_the_torch_path_tokens() -> None:
+    slots, steps = 4, 4
+    depformer = Depformer(
+        steps=steps,
+        dim=64,
+        dep_dim=32,
+        num_heads=2,
+        num_layers=2,
+        hidden=88,
+        text_card=64,
+        card=64,
+        slots=slots,
+        device=DEVICE,
+        dtype=torch.float32,
+    )
+    randomize(depformer, 15)
+    greedy = Sampling(greedy=True, temperature=1.0, top_k=1)
+    tokens = []
+    with torch.no_grad():
+        for fused in (False, True):
+            depformer.fused = fused
+            for frame in range(2):  # the second frame overwrites the first one's scratch
+                hidden = _randn(slots, 1, 64, dtype=torch.float32, seed=16 + frame)
+                text = torch.arange(slots, device=DEVICE) * (frame + 1)
+                tokens.append(depformer(hidden, text, greedy, None))
+    assert torch.equal(torch.stack(tokens[2:]), torch.stack(tokens[:2]))
