@@ -1,0 +1,190 @@
+"""The depth transformer of one tick: torch Depformer.forward vs the one-launch program.
+
+    python bench/kernels_depformer.py --json OUT.json [--slots 1,8,32,128,300]
+
+Moshi 7B depformer shapes (dim 4096 in, 1024 wide, 16 heads, 6 layers, FFN 2816, 8 steps,
+card 2048), bf16, random weights (N(0, 1/fan_in)). Per slot count, each path is captured in
+a CUDA graph and timed over replays (median of CUDA-event times of single replays), greedy and
+with the audio default sampling (temperature 0.8, top-k 250). The torch path is
+Depformer.forward with its plain torch ops (`fused = False` where the module has that switch,
+the ~1500-kernel path of bench/engine_stages.py). GB/s counts the weight bytes a tick reads
+once (all steps' matrices and the used embedding rows aside). Also: the cost of the program's
+257 grid barriers alone (a kernel that only synchronises, same grid), and the fraction of
+greedy tokens equal to the torch path's.
+"""
+
+import argparse
+import json
+import logging
+import statistics
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import torch
+import triton  # type: ignore[import-not-found,import-untyped,unused-ignore]
+
+from engine.models.moshi.config import moshiko
+from engine.models.moshi.depformer import Depformer
+from engine.models.moshi.sampling import AUDIO_DEFAULT, Sampling
+from kernels.depformer_program import depformer_program, grid_sync, prepare_program
+
+log = logging.getLogger("kernels_depformer")
+GREEDY = Sampling(greedy=True, temperature=1.0, top_k=1)
+REPLAYS = 50
+
+
+@triton.jit  # type: ignore[untyped-decorator,unused-ignore]
+def _barriers_only(counter_ptr, programs, barriers):  # type: ignore[no-untyped-def,unused-ignore]
+    for _ in range(barriers):
+        grid_sync(counter_ptr, programs)
+
+
+def graph_ms(fn: Callable[[], object]) -> list[float]:
+    """ms of single replays of fn captured as a CUDA graph (warmed up outside it)."""
+    side = torch.cuda.Stream()  # type: ignore[no-untyped-call]
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        fn()
+        fn()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    for _ in range(3):
+        graph.replay()
+    times = []
+    for _ in range(REPLAYS):
+        begin = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
+        end = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
+        begin.record()
+        graph.replay()
+        end.record()
+        end.synchronize()
+        times.append(begin.elapsed_time(end))
+    del graph
+    return times
+
+
+def summary(times: list[float]) -> dict[str, float]:
+    ordered = sorted(times)
+    return {
+        "median_ms": round(statistics.median(ordered), 4),
+        "p99_ms": round(ordered[min(len(ordered) - 1, int(0.99 * len(ordered)))], 4),
+    }
+
+
+def build(slots: int) -> Depformer:
+    lm = moshiko().lm
+    depformer = Depformer(
+        steps=lm.audio_codebooks, dim=lm.dim, dep_dim=lm.depformer_dim,
+        num_heads=lm.depformer_num_heads, num_layers=lm.depformer_num_layers,
+        hidden=lm.depformer_ffn_hidden, text_card=lm.text_card, card=lm.card, slots=slots,
+        device=torch.device("cuda"), dtype=torch.bfloat16,
+    )  # fmt: skip
+    generator = torch.Generator(device="cuda").manual_seed(0)
+    with torch.no_grad():
+        for name, param in depformer.named_parameters():
+            noise = torch.randn(param.shape, generator=generator, device="cuda")
+            scale = 0.1 if name.endswith("alpha") else param.shape[-1] ** -0.5
+            param.copy_((1.0 if name.endswith("alpha") else 0.0) + noise * scale)
+    if hasattr(depformer, "fused"):
+        depformer.fused = False  # the plain torch path (see the module docstring)
+    return depformer
+
+
+def weight_bytes(depformer: Depformer) -> int:
+    """Bytes of the matrices a tick reads (embedding tables: one row per token, left out)."""
+    tables = {"depformer_text_emb", "depformer_emb"}
+    return sum(
+        p.numel() * p.element_size()
+        for name, p in depformer.named_parameters()
+        if name not in tables
+    )
+
+
+def barrier_us(barriers: int) -> float:
+    """us per grid barrier: a kernel that only synchronises, one program per SM."""
+    programs = torch.cuda.get_device_properties(0).multi_processor_count
+    counter = torch.zeros(1, device="cuda", dtype=torch.int64)
+    times = graph_ms(lambda: _barriers_only[(programs,)](counter, programs, barriers))
+    return 1000 * statistics.median(times) / barriers
+
+
+def row(depformer: Depformer, slots: int, read_gbs_bytes: int) -> dict[str, Any]:
+    generator = torch.Generator(device="cuda").manual_seed(slots)
+    hidden = torch.randn(slots, 1, 4096, generator=generator, device="cuda").bfloat16()
+    text = torch.randint(0, 32001, (slots,), generator=generator, device="cuda")
+    result: dict[str, Any] = {"slots": slots}
+    for label, how in (("greedy", GREEDY), ("sampling", AUDIO_DEFAULT)):
+
+        def torch_path(how: Sampling = how) -> object:
+            return depformer(hidden, text, how, None)
+
+        def program(how: Sampling = how) -> object:
+            return depformer_program(depformer, hidden, text, how, None)
+
+        torch_times = graph_ms(torch_path)
+        program_times = graph_ms(program)
+        torch_ms = statistics.median(torch_times)
+        program_ms = statistics.median(program_times)
+        result[label] = {
+            "torch": summary(torch_times),
+            "program": summary(program_times),
+            "speedup": round(torch_ms / program_ms, 2),
+            "program_weight_gbs": round(read_gbs_bytes / program_ms / 1e6, 1),
+        }
+    got = depformer_program(depformer, hidden, text, GREEDY, None)
+    want = depformer(hidden, text, GREEDY, None)
+    result["greedy_tokens_equal"] = round(float((got == want).float().mean()), 4)
+    return result
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--slots", default="1,8,32,128,300")
+    parser.add_argument("--json", type=Path)
+    args = parser.parse_args()
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
+    slot_counts = [int(s) for s in args.slots.split(",")]
+    depformer = build(max(slot_counts))
+    prepare_program(depformer)
+    read_bytes = weight_bytes(depformer)
+    result: dict[str, Any] = {
+        "command": " ".join(sys.argv),
+        "machine": {
+            "gpu": torch.cuda.get_device_name(),
+            "multiprocessors": torch.cuda.get_device_properties(0).multi_processor_count,
+            "torch": torch.__version__,
+            "triton": triton.__version__,
+            "cuda": torch.version.cuda,
+        },
+        "shapes": "moshiko depformer: 4096 in, 1024 wide, 16 heads, 6 layers, FFN 2816, "
+        "8 steps, card 2048, bf16",
+        "weight_bytes": read_bytes,
+        "barrier_us": {str(n): round(barrier_us(n), 3) for n in (257, 2570)},
+        "rows": [],
+    }
+    for slots in slot_counts:
+        result["rows"].append(row(depformer, slots, read_bytes))
+        log.info("%s", json.dumps(result["rows"][-1]))
+        if args.json:
+            args.json.write_text(json.dumps(result, indent=1))
+    print(f"barrier: {result['barrier_us']} us each")
+    print(f"{'slots':>5} {'way':>8} {'torch ms':>9} {'program ms':>11} {'x':>6} {'GB/s':>7}")
+    for entry in result["rows"]:
+        for label in ("greedy", "sampling"):
+            line = entry[label]
+            print(
+                f"{entry['slots']:>5} {label:>8} {line['torch']['median_ms']:>9.3f} "
+                f"{line['program']['median_ms']:>11.3f} {line['speedup']:>6.2f} "
+                f"{line['program_weight_gbs']:>7.0f}"
+            )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
