@@ -11,7 +11,8 @@ dtype in between; this kernel rounds at the same place, so bf16 outputs match to
 where exp differs in its last bits (Triton's exp is the hardware's exp2 approximation).
 Grid: (rows, hidden / BLOCK); 1024 columns per program, 16-byte loads of bf16 with 4 warps.
 
-Measured: see the end of this docstring.
+Predicted before measuring (H200, bf16, CUDA graph): ~3 us at 1 slot, ~4 us at 128 slots
+(8.6 MB moved), against two launches of the torch ops.
 """
 
 import torch

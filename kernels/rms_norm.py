@@ -14,7 +14,10 @@ The rounding of `total` before the norm and the order of the products follow the
 reference, so bf16 outputs agree with it except for the rare value within one unit in the
 last place (the fp32 sum of squares is reduced in another order, rsqrt is the hardware's).
 
-Measured: see the end of this docstring.
+Predicted before measuring (H200, bf16, CUDA graph): ~2.5 us per launch at 1 and 128 slots
+(a 4096-wide row is 8 KB; 128 rows 1 MB, far below what a launch costs), against ~9 launches
+of ~2.5 us for the torch ops; the temporal stage at 1 slot loses ~19 launches per layer with the
+gate and the residual GEMM below (2544 -> ~1930 kernels, 9.45 -> ~7.9 ms).
 """
 
 import torch

@@ -13,7 +13,9 @@ In torch that is two slice writes and an SDPA call. One program per (slot, head)
 16 steps of head_dim 64 the whole tile fits in registers, the products run on the CUDA cores in
 fp32. The current step's key and value are used from registers, not read back after the store.
 
-Measured: see the end of this docstring.
+Predicted before measuring (H200, bf16, CUDA graph): ~2.5 us per launch, against ~3 for
+the slice writes and SDPA; with the fused norms, gate and the one-GEMM input projection, the
+depformer stage at 1 slot goes from 1497 to ~420 kernels and from 4.29 to ~1.5 ms.
 """
 
 import math
