@@ -6,6 +6,15 @@ acoustic half quantizes residually. Codebook vectors are stored ready to use,
 
     encode: latent float32 [slots, latent_dim, frames] -> codes int64 [slots, 8, frames]
     decode: codes int64 [slots, 8, frames] -> latent float32 [slots, latent_dim, frames]
+
+The eager path uses cdist, Kyutai's metric, so that near ties break the same way (CPU codes
+match Kyutai's bit for bit). The fused path (`fused=True`: kernels/mimi_rvq.py, CUDA or the
+interpreter) takes 2 launches per codebook to encode (a GEMM with the codeword norms in its
+epilogue, then argmin + residual update) and one per quantizer to sum the codewords, against
+~12 and ~2 per codebook eager. It keeps the eager 1x1 convolutions for the projections: on
+CUDA these run in TF32 (cuDNN's default), and an fp32 GEMM instead moved the decoded audio by
+8e-4 (relative L2) and 2 of 2016 codes in the one GPU run (bench/results/mimi_gpu.json's
+notes). Decoding is then bit-identical to eager; encoding differs from cdist in rounding only.
 """
 
 import torch
@@ -42,17 +51,60 @@ class ResidualQuantizer(nn.Module):
         latent: Tensor = self.output_proj(total.transpose(1, 2))
         return latent
 
+    def encode_fused(self, latent: Tensor, codes: Tensor, first: int) -> None:
+        """latent: fp32 [B, latent_dim, frames] -> codes[:, first:first + K] (int64
+        [B * frames, 8]); the projection is the eager one (the same convolution)."""
+        from kernels.mimi_rvq import assign_nearest
+
+        projected = self.input_proj(latent)  # [B, dim, frames]
+        residual = projected.transpose(1, 2).reshape(codes.shape[0], -1).contiguous()
+        norms = self.codebooks.square().sum(dim=-1)  # [K, bins]
+        for k, codebook in enumerate(self.codebooks):
+            # |c|^2 - 2 r.c: |r - c|^2 less the row's own |r|^2
+            scores = torch.addmm(norms[k], residual, codebook.T, alpha=-2.0)
+            assign_nearest(scores, codebook, residual, codes, first + k)
+
+    def decode_fused(self, codes: Tensor, first: int, batch: int) -> Tensor:
+        """codes: int64 [B * frames, 8], this quantizer's from column `first` ->
+        [B, latent_dim, frames], bit-identical to `decode`."""
+        from kernels.mimi_rvq import codebook_sum
+
+        total = codebook_sum(codes, first, self.codebooks)  # [B * frames, dim]
+        latent: Tensor = self.output_proj(total.view(batch, -1, total.shape[1]).transpose(1, 2))
+        return latent
+
 
 class SplitQuantizer(nn.Module):
     def __init__(
-        self, codebooks: int, bins: int, dim: int, latent_dim: int, device: torch.device
+        self,
+        codebooks: int,
+        bins: int,
+        dim: int,
+        latent_dim: int,
+        device: torch.device,
+        fused: bool = False,
     ) -> None:
         super().__init__()
+        self.fused = fused
         self.rvq_first = ResidualQuantizer(1, bins, dim, latent_dim, device)
         self.rvq_rest = ResidualQuantizer(codebooks - 1, bins, dim, latent_dim, device)
 
     def encode(self, latent: Tensor) -> Tensor:
-        return torch.cat([self.rvq_first.encode(latent), self.rvq_rest.encode(latent)], dim=1)
+        if not self.fused:
+            return torch.cat([self.rvq_first.encode(latent), self.rvq_rest.encode(latent)], dim=1)
+        batch, _, frames = latent.shape
+        codebooks = self.rvq_first.codebooks.shape[0] + self.rvq_rest.codebooks.shape[0]
+        codes = torch.empty(batch * frames, codebooks, device=latent.device, dtype=torch.long)
+        self.rvq_first.encode_fused(latent, codes, 0)
+        self.rvq_rest.encode_fused(latent, codes, self.rvq_first.codebooks.shape[0])
+        return codes.view(batch, frames, codebooks).transpose(1, 2)
 
     def decode(self, codes: Tensor) -> Tensor:
-        return self.rvq_first.decode(codes[:, :1]) + self.rvq_rest.decode(codes[:, 1:])
+        if not self.fused:
+            return self.rvq_first.decode(codes[:, :1]) + self.rvq_rest.decode(codes[:, 1:])
+        batch, codebooks, frames = codes.shape
+        rows = codes.transpose(1, 2).reshape(batch * frames, codebooks).contiguous()
+        first = self.rvq_first.codebooks.shape[0]
+        return self.rvq_first.decode_fused(rows, 0, batch) + self.rvq_rest.decode_fused(
+            rows, first, batch
+        )

@@ -6,7 +6,18 @@ feeds T = 2 encoder frames per slot, channels first as the convolutions produce 
 
     x: float32 [slots, dim, T] -> [slots, dim, T]
     keys, values: [layers, slots, heads, context, head_dim];  positions: int64 [slots]
+
+Two paths compute the same layers. The eager one (CPU, and the reference on CUDA) runs
+attention.py's RingAttention, whose codes match Kyutai's bit for bit on CPU. The fused one
+(`fused=True`, Triton: CUDA, or its interpreter in tests) computes the RoPE tables once per
+step for all layers and runs, per layer, 7 kernels: in_proj, kernels/mimi_transformer.py's
+ring_attention_step (RoPE + ring write + attention), out_proj, residual_layer_norm (layer
+scale + residual + norm2), linear1, GELU, linear2, then residual_layer_norm again with the
+next layer's norm1. Eager it is ~55 kernels per layer on CUDA, mostly 2.5 us launches on a
+few KiB (bench/mimi_gpu.py measures both).
 """
+
+import math
 
 import torch
 from torch import Tensor, nn
@@ -41,6 +52,34 @@ class MimiLayer(nn.Module):
         )
         return x + update
 
+    def fused(
+        self,
+        x: Tensor,
+        normed: Tensor,
+        rope: tuple[Tensor, Tensor],
+        start: Tensor,
+        keys: Tensor,
+        values: Tensor,
+        context: int,
+    ) -> tuple[Tensor, Tensor]:
+        """x, normed = norm1(x): fp32 [slots, T, dim] -> (x after this layer, its FFN update
+        before the layer scale); the caller adds it (and the next layer's norm1)."""
+        # imported here: triton is absent from CPU-only installs, which never take this path
+        from kernels.mimi_transformer import residual_layer_norm, ring_attention_step
+
+        qkv = functional.linear(normed, self.self_attn.in_proj.weight)
+        attended = ring_attention_step(qkv, *rope, keys, values, start, context)
+        x, normed = residual_layer_norm(
+            x,
+            functional.linear(attended, self.self_attn.out_proj.weight),
+            self.layer_scale_1.scale,
+            self.norm2.weight,
+            self.norm2.bias,
+            LAYER_NORM_EPS,
+        )
+        hidden = functional.gelu(functional.linear(normed, self.linear1.weight))
+        return x, functional.linear(hidden, self.linear2.weight)
+
 
 class LayerScale(nn.Module):
     def __init__(self, dim: int, device: torch.device) -> None:
@@ -63,20 +102,29 @@ class MimiTransformer(Streaming):
         max_period: float,
         slots: int,
         device: torch.device,
+        fused: bool = False,
     ) -> None:
         super().__init__()
         self.context = context
+        self.fused = fused
         self.layers = nn.ModuleList(
             MimiLayer(dim, num_heads, ffn, max_period, device) for _ in range(num_layers)
         )
-        ring_shape = (num_layers, slots, num_heads, context, dim // num_heads)
+        head_dim = dim // num_heads
+        ring_shape = (num_layers, slots, num_heads, context, head_dim)
         self.keys: Tensor
         self.values: Tensor
         self.positions: Tensor
+        self.freqs: Tensor
         self.register_buffer("keys", torch.zeros(ring_shape, device=device), False)
         self.register_buffer("values", torch.zeros(ring_shape, device=device), False)
         self.register_buffer(
             "positions", torch.zeros(slots, device=device, dtype=torch.long), False
+        )
+        # the fused path's RoPE frequencies, in attention.apply_rope's arithmetic
+        half = torch.arange(head_dim // 2, device=device, dtype=torch.float32)
+        self.register_buffer(
+            "freqs", torch.exp(half * (-math.log(max_period) * 2 / head_dim)), False
         )
 
     def reset(self, mask: Tensor) -> None:
@@ -84,10 +132,39 @@ class MimiTransformer(Streaming):
 
     def forward(self, x: Tensor) -> Tensor:
         """x: [slots, dim, T] channels first -> same; every slot advances T positions."""
+        if self.fused:
+            return self._forward_fused(x)
         steps = x.shape[2]
         h = x.transpose(1, 2)
         mask = ring_mask(self.positions, steps, self.context, self.context)
         for index, layer in enumerate(self.layers):
             h = layer(h, self.positions, self.keys[index], self.values[index], mask)
+        self.positions.add_(steps)
+        return h.transpose(1, 2)
+
+    def _forward_fused(self, x: Tensor) -> Tensor:
+        from kernels.mimi_transformer import residual_layer_norm, rope_tables
+
+        steps = x.shape[2]
+        positions = self.positions[:, None] + torch.arange(steps, device=x.device)
+        rope = rope_tables(positions, self.freqs)
+        h = x.transpose(1, 2).contiguous()  # [slots, T, dim]
+        layers: list[MimiLayer] = list(self.layers)  # type: ignore[arg-type]
+        first = layers[0].norm1
+        normed = functional.layer_norm(
+            h, first.normalized_shape, first.weight, first.bias, first.eps
+        )
+        for index, layer in enumerate(layers):
+            h, update = layer.fused(
+                h, normed, rope, self.positions, self.keys[index], self.values[index], self.context
+            )
+            scale = layer.layer_scale_2.scale
+            if index + 1 < len(layers):
+                norm = layers[index + 1].norm1
+                h, normed = residual_layer_norm(
+                    h, update, scale, norm.weight, norm.bias, LAYER_NORM_EPS
+                )
+            else:
+                h = torch.addcmul(h, scale, update)
         self.positions.add_(steps)
         return h.transpose(1, 2)

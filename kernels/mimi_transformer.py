@@ -1,0 +1,289 @@
+"""Fused kernels of Mimi's streaming transformers (fp32, T = 2 encoder frames per step).
+
+Eager, a Mimi layer launches ~55 kernels on CUDA (RoPE alone is ~20 ops per tensor, the ring
+write ~6, the mask and SDPA a few more, layer scale and residual 2 each), most of them on a few
+KiB of data, so a layer costs ~2.5 us per launch rather than its arithmetic. Two kernels take
+over everything between the matrix products:
+
+- `ring_attention_step`: one program per (slot, head) rotates this step's q and k (interleaved
+  RoPE from per-token cos/sin tables the caller computes once per step for all layers), writes
+  k and v into the slot's ring at positions start..start+T-1, then attends the T queries over
+  the ring with an online softmax in tiles of BLOCK_N entries. The ring layout and validity
+  rule are engine/models/moshi/attention.py's (entry j holds the newest position p = j mod
+  capacity up to the last query; a query attends p >= 0 within `context` and not after it).
+  The program's own stores are read back after a block barrier, so the queries see this
+  step's keys.
+
+      qkv:          fp32 [slots, T, 3 * heads * head_dim]   the in_proj output, [q | k | v]
+      cos, sin:     fp32 [slots, T, head_dim / 2]
+      keys, values: fp32 [slots, heads, capacity, head_dim] one layer's ring, contiguous
+      start:        int64 [slots]
+      -> out:       fp32 [slots, T, heads * head_dim]        ready for out_proj
+
+- `residual_layer_norm`: h = x + scale * update (the layer scale and residual), and
+  LayerNorm(h) for the next sublayer, one program per token.
+
+Measured on one H200 (bench/mimi_gpu.py, bench/results/mimi_gpu.json; with the rest of the
+fused codec): the encode stage fell from 714 to 197 kernels and the decode from 606 to 179.
+At 300 slots the attention kernel is the slow part: 3.27 ms for 8 layers = 408 us per layer
+for 307 MB of K+V (0.75 TB/s), since one program per (slot, head) walks its 4 tiles in series
+with CUDA-core reductions. Predicted, not measured: splitting the ring over programs (as
+kernels/ring_attention.py does, the current step's keys taken from registers instead of
+read back) should bring it near 0.1 ms per layer.
+
+Each launcher asserts shapes, dtypes and strides, allocates only outputs of fixed size, and
+never reads device values on the host, so it can be captured in a CUDA graph. Sums run in a
+different order than torch's kernels: results agree to fp32 rounding, not bit for bit
+(tests/kernels/test_mimi_transformer.py bounds it; tests/kernels/test_mimi_codec.py compares
+the codes of the whole codec).
+"""
+
+import math
+
+import torch
+import triton  # type: ignore[import-not-found,import-untyped,unused-ignore]
+import triton.language as tl  # type: ignore[import-not-found,import-untyped,unused-ignore]
+from torch import Tensor
+from torch.nn import functional
+
+BLOCK_N = 64  # ring entries per tile: [T, 64, 64] fp32 products fit 4 warps' registers
+NUM_WARPS = 4
+# a running max below any real score but finite: a fully masked tile rescales by exp(0) = 1
+EMPTY_MAX = -1.0e30
+
+
+def rope_tables(positions: Tensor, freqs: Tensor) -> tuple[Tensor, Tensor]:
+    """cos, sin: fp32 [slots, T, head_dim / 2] for positions int64 [slots, T] and the
+    frequencies fp32 [head_dim / 2], in the arithmetic of attention.apply_rope."""
+    angles = freqs * positions.to(torch.float32)[..., None]
+    return torch.cos(angles), torch.sin(angles)
+
+
+def ring_attention_step_reference(
+    qkv: Tensor,
+    cos: Tensor,
+    sin: Tensor,
+    keys: Tensor,
+    values: Tensor,
+    start: Tensor,
+    context: int,
+) -> Tensor:
+    """The kernel's contract in torch: writes the rings, returns [slots, T, dim]."""
+    slots, steps, width = qkv.shape
+    heads, capacity, head_dim = keys.shape[1:]
+    dim = width // 3
+    q, k, v = qkv.view(slots, steps, 3, heads, head_dim).permute(2, 0, 3, 1, 4).unbind(0)
+
+    def rotate(x: Tensor) -> Tensor:  # [slots, heads, T, head_dim]
+        real, imag = x[..., 0::2], x[..., 1::2]
+        c, s = cos[:, None], sin[:, None]
+        return torch.stack([real * c - imag * s, real * s + imag * c], dim=-1).flatten(-2)
+
+    q, k = rotate(q), rotate(k)
+    positions = start[:, None] + torch.arange(steps, device=start.device)  # [slots, T]
+    entry = torch.remainder(positions, capacity)
+    rows = torch.arange(slots, device=start.device)[:, None]
+    keys[rows, :, entry] = k.transpose(1, 2)
+    values[rows, :, entry] = v.transpose(1, 2)
+    last = positions[:, -1:]
+    key_pos = last - torch.remainder(last - torch.arange(capacity, device=start.device), capacity)
+    delta = positions[:, :, None] - key_pos[:, None, :]  # [slots, T, capacity]
+    visible = (key_pos[:, None, :] >= 0) & (delta >= 0) & (delta < context)
+    out = functional.scaled_dot_product_attention(q, keys, values, attn_mask=visible[:, None])
+    return out.transpose(1, 2).reshape(slots, steps, dim)
+
+
+@triton.jit  # type: ignore[untyped-decorator,unused-ignore]
+def _ring_attention_step_kernel(  # type: ignore[no-untyped-def,unused-ignore]
+    qkv_ptr,
+    cos_ptr,
+    sin_ptr,
+    keys_ptr,
+    values_ptr,
+    start_ptr,
+    out_ptr,
+    capacity,
+    context,
+    sm_scale,
+    heads: tl.constexpr,
+    head_dim: tl.constexpr,
+    steps: tl.constexpr,
+    block_n: tl.constexpr,
+    empty: tl.constexpr,
+):
+    row = tl.program_id(0)  # slot * heads + head
+    slot = row // heads
+    head = row % heads
+    dim: tl.constexpr = heads * head_dim
+    half: tl.constexpr = head_dim // 2
+    pairs = tl.arange(0, half)
+    dims = tl.arange(0, head_dim)
+    tokens = tl.arange(0, steps)
+    start = tl.load(start_ptr + slot)
+    token = (slot * steps + tokens).to(tl.int64)  # [T]
+    base = token[:, None] * (3 * dim) + head * head_dim
+    table = token[:, None] * half + pairs[None, :]
+    cos = tl.load(cos_ptr + table)
+    sin = tl.load(sin_ptr + table)
+    q_re = tl.load(qkv_ptr + base + 2 * pairs[None, :])
+    q_im = tl.load(qkv_ptr + base + 2 * pairs[None, :] + 1)
+    k_re = tl.load(qkv_ptr + base + dim + 2 * pairs[None, :])
+    k_im = tl.load(qkv_ptr + base + dim + 2 * pairs[None, :] + 1)
+    v_new = tl.load(qkv_ptr + base + 2 * dim + dims[None, :])
+    q_even = q_re * cos - q_im * sin  # [T, half]
+    q_odd = q_re * sin + q_im * cos
+    ring = row.to(tl.int64) * capacity * head_dim
+    written = ring + ((start + tokens) % capacity).to(tl.int64)[:, None] * head_dim
+    tl.store(keys_ptr + written + 2 * pairs[None, :], k_re * cos - k_im * sin)
+    tl.store(keys_ptr + written + 2 * pairs[None, :] + 1, k_re * sin + k_im * cos)
+    tl.store(values_ptr + written + dims[None, :], v_new)
+    tl.debug_barrier()  # this step's entries, stored by other threads, are read below
+
+    last = start + steps - 1
+    final = last % capacity  # the last query's own entry
+    query_pos = start + tokens  # [T]
+    run_max = tl.full((steps,), empty, tl.float32)
+    run_sum = tl.zeros((steps,), tl.float32)
+    acc = tl.zeros((steps, head_dim), tl.float32)
+    for first in range(0, capacity, block_n):
+        index = first + tl.arange(0, block_n)
+        in_ring = index < capacity
+        age = final - index
+        age = tl.where(age < 0, age + capacity, age)
+        key_pos = last - age  # [block_n]
+        entry = ring + index.to(tl.int64)[:, None] * head_dim
+        k_even = tl.load(keys_ptr + entry + 2 * pairs[None, :], mask=in_ring[:, None], other=0.0)
+        k_odd = tl.load(keys_ptr + entry + 2 * pairs[None, :] + 1, mask=in_ring[:, None], other=0.0)
+        scores = tl.sum(q_even[:, None, :] * k_even[None, :, :], axis=2)
+        scores += tl.sum(q_odd[:, None, :] * k_odd[None, :, :], axis=2)  # [T, block_n]
+        delta = query_pos[:, None] - key_pos[None, :]
+        valid = in_ring[None, :] & (key_pos[None, :] >= 0) & (delta >= 0) & (delta < context)
+        scores = tl.where(valid, scores * sm_scale, float("-inf"))
+        new_max = tl.maximum(run_max, tl.max(scores, axis=1))
+        rescale = tl.exp(run_max - new_max)
+        weights = tl.exp(scores - new_max[:, None])
+        run_sum = run_sum * rescale + tl.sum(weights, axis=1)
+        v = tl.load(values_ptr + entry + dims[None, :], mask=in_ring[:, None], other=0.0)
+        acc = acc * rescale[:, None] + tl.sum(weights[:, :, None] * v[None, :, :], axis=1)
+        run_max = new_max
+    # every query sees at least its own key: run_sum > 0
+    out = acc / run_sum[:, None]
+    tl.store(out_ptr + token[:, None] * dim + head * head_dim + dims[None, :], out)
+
+
+def ring_attention_step(
+    qkv: Tensor,
+    cos: Tensor,
+    sin: Tensor,
+    keys: Tensor,
+    values: Tensor,
+    start: Tensor,
+    context: int,
+) -> Tensor:
+    """RoPE, ring write and attention of one step (module docstring) -> fp32 [slots, T, dim]."""
+    slots, steps, width = qkv.shape
+    _, heads, capacity, head_dim = keys.shape
+    dim = heads * head_dim
+    assert width == 3 * dim, (qkv.shape, keys.shape)
+    assert keys.shape == (slots, heads, capacity, head_dim), (keys.shape, slots)
+    assert values.shape == keys.shape, (values.shape, keys.shape)
+    assert cos.shape == sin.shape == (slots, steps, head_dim // 2), (cos.shape, sin.shape)
+    for tensor in (qkv, cos, sin, keys, values):
+        assert tensor.dtype == torch.float32, tensor.dtype
+        assert tensor.is_contiguous(), "qkv, cos, sin and the rings must be contiguous"
+        assert tensor.device == start.device, "tensors on one device"
+    assert start.shape == (slots,), (start.shape, slots)
+    assert start.dtype == torch.int64, start.dtype
+    assert steps in (1, 2, 4, 8), f"steps {steps} must be a small power of two"
+    assert head_dim in (8, 16, 32, 64, 128), f"head_dim {head_dim} must be a power of two"
+    assert 1 <= context <= capacity, (context, capacity)
+    out = torch.empty(slots, steps, dim, device=qkv.device, dtype=torch.float32)
+    _ring_attention_step_kernel[(slots * heads,)](
+        qkv,
+        cos,
+        sin,
+        keys,
+        values,
+        start,
+        out,
+        capacity,
+        context,
+        1.0 / math.sqrt(head_dim),
+        heads=heads,
+        head_dim=head_dim,
+        steps=steps,
+        block_n=BLOCK_N,
+        empty=EMPTY_MAX,
+        num_warps=NUM_WARPS,
+    )
+    return out
+
+
+def residual_layer_norm_reference(
+    x: Tensor, update: Tensor, scale: Tensor, weight: Tensor, bias: Tensor, eps: float
+) -> tuple[Tensor, Tensor]:
+    """(x + scale * update, LayerNorm of it) in torch."""
+    total = x + scale * update
+    return total, functional.layer_norm(total, (x.shape[-1],), weight, bias, eps)
+
+
+@triton.jit  # type: ignore[untyped-decorator,unused-ignore]
+def _residual_layer_norm_kernel(  # type: ignore[no-untyped-def,unused-ignore]
+    x_ptr,
+    update_ptr,
+    scale_ptr,
+    weight_ptr,
+    bias_ptr,
+    total_ptr,
+    normed_ptr,
+    dim,
+    eps,
+    block: tl.constexpr,
+):
+    token = tl.program_id(0).to(tl.int64)
+    cols = tl.arange(0, block)
+    inside = cols < dim
+    offsets = token * dim + cols
+    x = tl.load(x_ptr + offsets, mask=inside, other=0.0)
+    update = tl.load(update_ptr + offsets, mask=inside, other=0.0)
+    scale = tl.load(scale_ptr + cols, mask=inside, other=0.0)
+    total = x + scale * update
+    tl.store(total_ptr + offsets, total, mask=inside)
+    mean = tl.sum(total, axis=0) / dim
+    centred = tl.where(inside, total - mean, 0.0)
+    variance = tl.sum(centred * centred, axis=0) / dim
+    weight = tl.load(weight_ptr + cols, mask=inside, other=0.0)
+    bias = tl.load(bias_ptr + cols, mask=inside, other=0.0)
+    normed = centred * tl.rsqrt(variance + eps) * weight + bias
+    tl.store(normed_ptr + offsets, normed, mask=inside)
+
+
+def residual_layer_norm(
+    x: Tensor, update: Tensor, scale: Tensor, weight: Tensor, bias: Tensor, eps: float
+) -> tuple[Tensor, Tensor]:
+    """x, update: fp32 [..., dim] contiguous; scale, weight, bias: fp32 [dim]
+    -> (x + scale * update, LayerNorm(x + scale * update)), both [..., dim]."""
+    dim = x.shape[-1]
+    assert update.shape == x.shape, (update.shape, x.shape)
+    for tensor in (x, update, scale, weight, bias):
+        assert tensor.dtype == torch.float32, tensor.dtype
+        assert tensor.is_contiguous(), "inputs must be contiguous"
+        assert tensor.device == x.device, "tensors on one device"
+    for vector in (scale, weight, bias):
+        assert vector.shape == (dim,), (vector.shape, dim)
+    total = torch.empty_like(x)
+    normed = torch.empty_like(x)
+    _residual_layer_norm_kernel[(x.numel() // dim,)](
+        x,
+        update,
+        scale,
+        weight,
+        bias,
+        total,
+        normed,
+        dim,
+        eps,
+        block=triton.next_power_of_2(dim),
+        num_warps=4,
+    )
+    return total, normed

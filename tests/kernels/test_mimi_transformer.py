@@ -1,0 +1,99 @@
+"""The Mimi transformer kernels against their torch references, and those references against
+the eager layer code (attention.py's RoPE, ring write and masked SDPA).
+
+Interpreted on CPU (small shapes), compiled on a GPU; skipped without triton.
+"""
+
+import math
+
+import pytest
+
+pytest.importorskip("torch")
+
+import torch
+
+pytest.importorskip("triton", reason="triton is not installed (CPU torch does not bring it)")
+
+from engine.models.moshi.attention import apply_rope, ring_mask, ring_write
+from kernels.mimi_transformer import (
+    residual_layer_norm,
+    residual_layer_norm_reference,
+    ring_attention_step,
+    ring_attention_step_reference,
+    rope_tables,
+)
+
+DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+MAX_PERIOD = 10000.0
+
+
+def _step_inputs(
+    starts: list[int], heads: int, head_dim: int, capacity: int, seed: int
+) -> tuple[torch.Tensor, ...]:
+    generator = torch.Generator().manual_seed(seed)
+    slots, steps = len(starts), 2
+    qkv = torch.randn(slots, steps, 3 * heads * head_dim, generator=generator)
+    keys = torch.randn(slots, heads, capacity, head_dim, generator=generator)
+    values = torch.randn(slots, heads, capacity, head_dim, generator=generator)
+    start = torch.tensor(starts)
+    tensors = (qkv, keys, values, start)
+    return tuple(t.to(DEVICE) for t in tensors)
+
+
+def _freqs(head_dim: int) -> torch.Tensor:
+    half = torch.arange(head_dim // 2, device=DEVICE, dtype=torch.float32)
+    return torch.exp(half * (-math.log(MAX_PERIOD) * 2 / head_dim))
+
+
+# fresh calls, just before / at / across the first wrap, long after it
+STARTS = [0, 2, 4, 5, 6, 7, 131]
+
+
+@pytest.mark.parametrize(("capacity", "context"), [(8, 8), (8, 5), (250, 250)])
+@pytest.mark.parametrize("head_dim", [8, 64])
+def test_ring_attention_step_matches_reference(capacity: int, context: int, head_dim: int) -> None:
+    heads = 2
+    qkv, keys, values, start = _step_inputs(STARTS, heads, head_dim, capacity, seed=capacity)
+    positions = start[:, None] + torch.arange(2, device=DEVICE)
+    cos, sin = rope_tables(positions, _freqs(head_dim))
+    want_keys, want_values = keys.clone(), values.clone()
+    want = ring_attention_step_reference(qkv, cos, sin, want_keys, want_values, start, context)
+    got = ring_attention_step(qkv, cos, sin, keys, values, start, context)
+    assert torch.allclose(keys, want_keys, atol=1e-6, rtol=0)
+    assert torch.equal(values, want_values)
+    assert torch.allclose(got, want, atol=1e-5, rtol=1e-5), (got - want).abs().max()
+
+
+def test_reference_is_the_eager_attention() -> None:
+    """The reference's RoPE, ring write and mask are attention.py's, so the kernel is held to
+    what the eager Mimi layer computes."""
+    heads, head_dim, capacity, context = 2, 16, 8, 6
+    qkv, keys, values, start = _step_inputs(STARTS, heads, head_dim, capacity, seed=3)
+    slots, steps = qkv.shape[:2]
+    positions = start[:, None] + torch.arange(steps, device=DEVICE)
+    cos, sin = rope_tables(positions, _freqs(head_dim))
+    eager_keys, eager_values = keys.clone(), values.clone()
+    got = ring_attention_step_reference(qkv, cos, sin, keys, values, start, context)
+    q, k, v = qkv.view(slots, steps, 3, heads, head_dim).permute(2, 0, 3, 1, 4).unbind(0)
+    q, k = apply_rope(q, positions, MAX_PERIOD), apply_rope(k, positions, MAX_PERIOD)
+    ring_write(eager_keys, k, start)
+    ring_write(eager_values, v, start)
+    mask = ring_mask(start, steps, capacity, context)
+    want = torch.nn.functional.scaled_dot_product_attention(
+        q, eager_keys, eager_values, attn_mask=mask
+    )
+    assert torch.equal(keys, eager_keys)
+    assert torch.equal(values, eager_values)
+    assert torch.equal(got, want.transpose(1, 2).reshape(slots, steps, heads * head_dim))
+
+
+@pytest.mark.parametrize("dim", [40, 512])
+def test_residual_layer_norm_matches_reference(dim: int) -> None:
+    generator = torch.Generator().manual_seed(dim)
+    x, update = (torch.randn(3, 2, dim, generator=generator).to(DEVICE) for _ in range(2))
+    scale, weight, bias = (torch.randn(dim, generator=generator).to(DEVICE) for _ in range(3))
+    got = residual_layer_norm(x, update, scale, weight, bias, 1e-5)
+    want = residual_layer_norm_reference(x, update, scale, weight, bias, 1e-5)
+    # compiled, x + scale * update is one fused multiply-add (torch: a product, then a sum)
+    assert torch.allclose(got[0], want[0], atol=1e-6, rtol=1e-6), (got[0] - want[0]).abs().max()
+    assert torch.allclose(got[1], want[1], atol=2e-6, rtol=1e-5), (got[1] - want[1]).abs().max()
