@@ -1,6 +1,7 @@
 """Moshi 7B tick time vs concurrent calls on one GPU: Cadence's executors against Kyutai's.
 
     python bench/engine_gpu.py --slots 1,8,32,64,128 --steps 60 --json OUT.json [--reference]
+        [--kv-dtype bf16|fp8] [--full-rings]
 
 For each slot count N (= calls served in lockstep) it builds Cadence's Moshi (bf16, random
 weights, 2-minute KV context = 1500 frames) with N rows and measures, back to back:
@@ -54,11 +55,13 @@ CONTEXT = 1500  # 2 minutes of 80 ms frames
 Weights = dict[str, dict[str, torch.Tensor]]
 
 
-def build(config: MoshiConfig, slots: int, weights: Weights) -> MoshiModel:
+def build(
+    config: MoshiConfig, slots: int, weights: Weights, kv_dtype: torch.dtype | None = None
+) -> MoshiModel:
     device = torch.device("cuda")
     greedy = Sampling(greedy=True, temperature=1.0, top_k=1)
     generator = torch.Generator(device=device).manual_seed(0)
-    lm = MoshiLm(config.lm, slots, device, torch.bfloat16, greedy, greedy, generator)
+    lm = MoshiLm(config.lm, slots, device, torch.bfloat16, greedy, greedy, generator, kv_dtype)
     mimi = MimiCodec(config.mimi, slots, device)
     if weights:
         lm.load_state_dict(weights["lm"])
@@ -80,7 +83,18 @@ def percentiles(ms: list[float]) -> dict[str, float]:
     }
 
 
-def time_steps(run: Any, slots: int, steps: int) -> list[float]:
+def fill_rings(model: MoshiModel) -> None:
+    """Every call past the ring's length, its ring full of random K/V: the worst case."""
+    transformer = model.lm.transformer
+    for ring in (transformer.keys, transformer.values):
+        for layer in range(ring.shape[0]):
+            ring[layer].copy_(torch.randn(ring.shape[1:], device=ring.device))
+    slots = transformer.positions.shape[0]
+    transformer.positions.copy_(torch.arange(slots, device="cuda") + 3 * CONTEXT)
+
+
+def time_steps(run: Any, model: MoshiModel, steps: int, full_rings: bool) -> list[float]:
+    slots = model.slots
     rng = np.random.default_rng(0)
     pcm = (rng.standard_normal((slots, SAMPLES)) * 0.1).astype(np.float32)
     active = np.ones(slots, np.bool_)
@@ -88,6 +102,8 @@ def time_steps(run: Any, slots: int, steps: int) -> list[float]:
     first = reset.copy()
     first[:] = True
     run(pcm, first, active)
+    if full_rings:
+        fill_rings(model)
     for _ in range(3):
         run(pcm, reset, active)
     torch.cuda.synchronize()
@@ -109,17 +125,25 @@ def count_kernels(model: MoshiModel) -> int:
     return len([e for e in prof.events() if e.device_type.name == "CUDA"])
 
 
-def cadence_row(config: MoshiConfig, slots: int, steps: int, weights: Weights) -> dict[str, Any]:
+def cadence_row(
+    config: MoshiConfig,
+    slots: int,
+    steps: int,
+    weights: Weights,
+    kv_dtype: torch.dtype | None,
+    full_rings: bool,
+) -> dict[str, Any]:
     torch.cuda.reset_peak_memory_stats()
-    model = build(config, slots, weights)
+    model = build(config, slots, weights, kv_dtype)
     row: dict[str, Any] = {"slots": slots}
     if slots <= 8:
-        row["eager"] = percentiles(time_steps(EagerExecutor(model).run, slots, min(steps, 20)))
+        eager = EagerExecutor(model).run
+        row["eager"] = percentiles(time_steps(eager, model, min(steps, 20), full_rings))
         row["kernels_per_step"] = count_kernels(model)
     t0 = time.perf_counter()
     graph = GraphExecutor(model)
     row["graph_capture_s"] = round(time.perf_counter() - t0, 2)
-    row["graph"] = percentiles(time_steps(graph.run, slots, steps))
+    row["graph"] = percentiles(time_steps(graph.run, model, steps, full_rings))
     row["peak_memory_gb"] = round(torch.cuda.max_memory_allocated() / 1e9, 2)
     del graph, model
     gc.collect()
@@ -163,6 +187,14 @@ def main() -> int:
     parser.add_argument("--slots", default="1,8,32,64,128")
     parser.add_argument("--steps", type=int, default=60)
     parser.add_argument("--reference", action="store_true")
+    parser.add_argument(
+        "--kv-dtype", choices=["bf16", "fp8"], default="bf16", help="Cadence's temporal KV rings"
+    )
+    parser.add_argument(
+        "--full-rings",
+        action="store_true",
+        help="time Cadence with every ring full (calls past 2 minutes): the kernel's worst case",
+    )
     parser.add_argument("--reference-slots", help="default: the same as --slots")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
@@ -179,9 +211,12 @@ def main() -> int:
             "cuda": torch.version.cuda,
         },
         "model": "moshiko 7B shapes, random weights, bf16, context 1500 frames",
+        "kv_dtype": args.kv_dtype,
+        "full_rings": args.full_rings,
         "cadence": [],
         "reference": [],
     }
+    kv_dtype = torch.float8_e4m3fn if args.kv_dtype == "fp8" else None
     t0 = time.perf_counter()
     master = build(config, 1, {})
     weights: Weights = {
@@ -194,7 +229,7 @@ def main() -> int:
     log.info("weights ready in %.1f s", time.perf_counter() - t0)
     for slots in [int(s) for s in args.slots.split(",")]:
         try:
-            row = cadence_row(config, slots, args.steps, weights)
+            row = cadence_row(config, slots, args.steps, weights, kv_dtype, args.full_rings)
         except torch.OutOfMemoryError:
             row = {"slots": slots, "error": "out of memory"}
             gc.collect()

@@ -1,6 +1,6 @@
 """Ring decode attention on one GPU: the Triton kernel against the torch path, then the step.
 
-    python bench/kernels_ring_attention.py --json OUT.json [--slots 1,8,32,128]
+    python bench/kernels_ring_attention.py --json OUT.json [--slots 1,8,32,128,300]
         [--step-slots 1,128] [--steps 40]
 
 1. Ceilings: a 4 GiB device-to-device copy (bytes read + written) and a 4 GiB sum (read
@@ -11,8 +11,9 @@
    timed over replays; L is chosen so the rings span ~12 GB, far past the 60 MB L2. Every
    pass-1 program of SWEEP is timed and checked against the fp32 reference on one layer. GB/s
    counts the K and V bytes of valid entries, once each. Also, with the best program: fresh
-   rings (51 valid frames), and fp8 e4m3 rings with per-entry scales (error against the fp32
-   reference of the unquantized rings).
+   rings (51 valid frames); and fp8 e4m3 rings with a bf16 scale per entry, every program of
+   FP8_SWEEP timed and checked against the fp32 reference of the dequantized rings (error
+   also reported against the unquantized rings; GB/s counts entries and scales).
 3. The whole step (graph executor, Mimi + LM + depformer, random weights) with rings full of
    random K/V and every call past the ring's length, torch path vs the kernel (the best
    program at the largest slot count); and at the largest step slot count, bf16 text logits
@@ -44,9 +45,9 @@ from torch.nn import functional
 
 import kernels.ring_attention as ring
 from engine.executors.graph import GraphExecutor
-from engine.models.moshi.attention import ring_mask
+from engine.models.moshi.attention import KV_FP8, quantize_kv, ring_mask
 from engine.models.moshi.config import moshiko
-from kernels.ring_attention import quantize_ring, ring_attention, ring_attention_reference
+from kernels.ring_attention import ring_attention, ring_attention_reference
 
 log = logging.getLogger("kernels_ring_attention")
 HEADS, HEAD_DIM, CAPACITY = 32, 128, 1500
@@ -58,23 +59,30 @@ BF16_TOLERANCE = 1e-2  # relative error against the fp32 reference, as the tests
 # (A first pass 1 with the tile reductions on the CUDA cores is in
 # results/kernels_ring_attention_reduce.json: it lost at every slot count.)
 SWEEP = [
-    (32, 4, 3, 4),  # the best of the last H200 run (1072 us/layer at 128 slots)
-    (32, 4, 2, 4),
-    (64, 4, 2, 4),  # 117 registers, one 32 KiB stage: 4 programs per SM
-    (32, 2, 2, 4),
-    # one warp per program: no block barriers in the loop (four warps need 9 a tile), 8-12
-    # programs per SM (ptxas: 168 registers at block 16, 255 and 16 B spilled at block 32)
-    (16, 1, 3, 4),
-    (32, 1, 2, 4),
-    (16, 2, 3, 4),
-    (64, 2, 2, 4),
+    (32, 4, 3, 4),  # the best at 128 slots in the last H200 run (708 us/layer)
+    (16, 1, 3, 4),  # the best at 1 and 32 slots
 ]
+# fp8 rings carry half the bytes per entry: the same tile bytes at twice the entries
+FP8_SWEEP = [
+    (32, 4, 3, 4),
+    (64, 4, 3, 4),
+    (64, 4, 2, 4),
+    (64, 2, 3, 4),
+    (128, 4, 2, 4),
+    (32, 1, 3, 4),
+]
+FP8_TOLERANCE = 1e-2  # relative error against the fp32 reference of the dequantized rings
 Config = tuple[int, int, int, int]
 
 
 def use_config(config: Config) -> None:
-    """Make `config` the kernel module's default (read at each launch)."""
+    """Make `config` the kernel module's default for bf16 rings (read at each launch)."""
     ring.BLOCK_N, ring.NUM_WARPS, ring.NUM_STAGES, ring.PROGRAMS_PER_SM = config
+
+
+def use_fp8_config(config: Config) -> None:
+    """Make `config` the kernel module's default for fp8 rings (programs per SM shared)."""
+    ring.FP8_BLOCK_N, ring.FP8_NUM_WARPS, ring.FP8_NUM_STAGES, ring.PROGRAMS_PER_SM = config
 
 
 def config_name(config: Config) -> str:
@@ -175,18 +183,40 @@ def attention_row(slots: int, read_gbs: float) -> dict[str, Any]:
     kernel(fresh)
     fresh_error = error(fresh)
     fresh_us = graph_ms(functools.partial(kernel, fresh)) / layers * 1e3
-    # fp8 e4m3 rings, one scale per entry, quantized from the same bf16 rings
-    keys8 = torch.empty(shape, device="cuda", dtype=torch.float8_e4m3fn)
+    # fp8 e4m3 rings, one bf16 scale per entry, quantized from the same bf16 rings; each fp8
+    # program checked against the fp32 reference of the dequantized rings
+    keys8 = torch.empty(shape, device="cuda", dtype=KV_FP8)
     values8 = torch.empty_like(keys8)
-    key_scale = torch.empty(shape[:4], device="cuda")
+    key_scale = torch.empty(shape[:4], device="cuda", dtype=torch.bfloat16)
     value_scale = torch.empty_like(key_scale)
     for layer in range(layers):
-        keys8[layer], key_scale[layer] = quantize_ring(keys[layer])
-        values8[layer], value_scale[layer] = quantize_ring(values[layer])
+        keys8[layer], key_scale[layer] = quantize_kv(keys[layer])
+        values8[layer], value_scale[layer] = quantize_kv(values[layer])
+    dequantized = ring_attention_reference(
+        q[0],
+        keys8[0].float() * key_scale[0].float()[..., None],
+        values8[0].float() * value_scale[0].float()[..., None],
+        full,
+        CAPACITY,
+    )
+    fp8_sweep = {}
+    fp8_errors = {}
+    for config in FP8_SWEEP:
+        use_fp8_config(config)
+        kernel(full, fp8=True)
+        fp8_errors[config_name(config)] = relative_error(out[0], dequantized)
+        fp8_sweep[config_name(config)] = (
+            graph_ms(functools.partial(kernel, full, True)) / layers * 1e3
+        )
+    fp8_correct = [c for c in FP8_SWEEP if fp8_errors[config_name(c)] <= FP8_TOLERANCE]
+    fp8_best = min(fp8_correct, key=lambda config: fp8_sweep[config_name(config)])
+    use_fp8_config(fp8_best)
     kernel(full, fp8=True)
     fp8_error = error(full)
-    fp8_us = graph_ms(functools.partial(kernel, full, True)) / layers * 1e3
-    fp8_bytes = 2 * slots * HEADS * CAPACITY * (HEAD_DIM + 4)
+    fp8_us = fp8_sweep[config_name(fp8_best)]
+    kernel(fresh, fp8=True)
+    fp8_fresh_us = graph_ms(functools.partial(kernel, fresh, True)) / layers * 1e3
+    fp8_bytes = 2 * slots * HEADS * CAPACITY * (HEAD_DIM + 2)
     best_us = sweep[config_name(best)]
     gbs = layer_bytes / (best_us * 1e-6) / 1e9
     return {
@@ -201,8 +231,14 @@ def attention_row(slots: int, read_gbs: float) -> dict[str, Any]:
         "torch_gbs": round(layer_bytes / (torch_us * 1e-6) / 1e9, 1),
         "speedup": round(torch_us / best_us, 2),
         "fresh_kernel_us_per_layer": round(fresh_us, 1),
+        "fp8_best": config_name(fp8_best),
         "fp8_us_per_layer": round(fp8_us, 1),
         "fp8_gbs": round(fp8_bytes / (fp8_us * 1e-6) / 1e9, 1),
+        "fp8_fraction_of_read": round(fp8_bytes / (fp8_us * 1e-6) / 1e9 / read_gbs, 3),
+        "fp8_over_bf16": round(fp8_us / best_us, 3),
+        "fp8_fresh_us_per_layer": round(fp8_fresh_us, 1),
+        "fp8_sweep_us_per_layer": {name: round(us, 1) for name, us in fp8_sweep.items()},
+        "fp8_sweep_rel_error_vs_dequantized": fp8_errors,
         "sweep_us_per_layer": {name: round(us, 1) for name, us in sweep.items()},
         "sweep_rel_error": errors,
         "torch_rel_error": torch_error,
@@ -290,8 +326,8 @@ def step_row(slots: int, steps: int, check_logits: bool) -> dict[str, Any]:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--slots", default="1,8,32,128")
-    parser.add_argument("--step-slots", default="1,128")
+    parser.add_argument("--slots", default="1,8,32,128,300")
+    parser.add_argument("--step-slots", default="1,128", help="'' for none")
     parser.add_argument("--steps", type=int, default=40)
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
@@ -325,9 +361,11 @@ def main() -> int:
         save()
     best = result["attention"][-1]["best"]
     use_config(next(config for config in SWEEP if config_name(config) == best))
+    fp8_best = result["attention"][-1]["fp8_best"]
+    use_fp8_config(next(config for config in FP8_SWEEP if config_name(config) == fp8_best))
     result["step_kernel_config"] = best
     result["step"] = []
-    step_slots = [int(s) for s in args.step_slots.split(",")]
+    step_slots = [int(s) for s in args.step_slots.split(",") if s]
     for slots in step_slots:
         result["step"].append(step_row(slots, args.steps, slots == max(step_slots)))
         log.info("step %s", json.dumps(result["step"][-1]))

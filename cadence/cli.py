@@ -12,7 +12,7 @@ from pathlib import Path
 
 from engine.executors import EXECUTORS
 from engine.infer import add_infer_arguments, run_infer
-from engine.models import MODELS, ModelOptions
+from engine.models import KV_DTYPES, MODELS, ModelOptions
 
 log = logging.getLogger("cadence")
 
@@ -63,6 +63,13 @@ def _engine_options(p: argparse.ArgumentParser) -> None:
     m.add_argument("--device", default="cpu", help="cpu | cuda | cuda:N")
     m.add_argument("--dtype", choices=["float32", "bfloat16"], help="default: bf16 on CUDA")
     m.add_argument("--greedy", action="store_true", help="greedy decoding instead of sampling")
+    m.add_argument(
+        "--kv-dtype",
+        default="bf16",
+        choices=KV_DTYPES,
+        help="temporal KV cache: bf16 (the model's dtype) or fp8 (e4m3, a scale per entry; "
+        "half the memory per call, docs/kv-cache.md)",
+    )
     m.add_argument("--voice-prompt", type=Path, help="PersonaPlex: WAV of the voice to speak with")
     m.add_argument("--text-prompt", help="PersonaPlex: the role text (needs the tokenizer)")
 
@@ -175,6 +182,7 @@ def _engine_argv(a: argparse.Namespace) -> list[str]:
         *([f"--random-weights={a.random_weights}"] if a.random_weights is not None else []),
         *([f"--dtype={a.dtype}"] if a.dtype else []),
         *(["--greedy"] if a.greedy else []),
+        f"--kv-dtype={a.kv_dtype}",
         *([f"--voice-prompt={a.voice_prompt}"] if a.voice_prompt else []),
         *([f"--text-prompt={a.text_prompt}"] if a.text_prompt else []),
     ]
@@ -328,6 +336,7 @@ def _dispatch(args: argparse.Namespace) -> int:
                     device=args.device,
                     dtype=args.dtype,
                     greedy=args.greedy,
+                    kv_dtype=args.kv_dtype,
                     voice_prompt=args.voice_prompt,
                     text_prompt=args.text_prompt,
                 ),

@@ -52,12 +52,17 @@ import triton  # type: ignore[import-not-found,import-untyped,unused-ignore]
 import triton.language as tl  # type: ignore[import-not-found,import-untyped,unused-ignore]
 from torch import Tensor
 
+from engine.models.moshi.attention import KV_FP8, KV_SCALE_DTYPE
+
 # the pass-1 program; module-level and read at each launch, so the bench can sweep them
 BLOCK_N = 32  # ring entries per tile: a 32 x 128 bf16 tile of K is 8 KiB
 PROGRAMS_PER_SM = 4  # pass-1 programs wanted per multiprocessor before splitting stops
 NUM_WARPS = 4
 NUM_STAGES = 3  # K/V tiles in the software pipeline (cp.async); Triton's default on Hopper
-FP8_MAX = 448.0  # the largest finite float8 e4m3fn
+# the pass-1 program for fp8 rings (half the bytes per entry), read at each launch likewise
+FP8_BLOCK_N = 64
+FP8_NUM_WARPS = 4
+FP8_NUM_STAGES = 3
 # a running max below any real score but finite, so an all-masked tile gives exp2(0) = 1 for
 # the rescale and exp2(-inf) = 0 for the masked scores, never inf - inf
 EMPTY_MAX = -1.0e30
@@ -67,19 +72,6 @@ def ring_positions(last: Tensor, capacity: int) -> Tensor:
     """int64 [slots, capacity]: the position each ring entry holds, for queries at `last`."""
     index = torch.arange(capacity, device=last.device)
     return last[:, None] - torch.remainder(last[:, None] - index[None, :], capacity)
-
-
-def quantize_ring(ring: Tensor) -> tuple[Tensor, Tensor]:
-    """[..., capacity, head_dim] -> (float8 e4m3 entries, fp32 [..., capacity] scales): one
-    scale per entry (token), its largest magnitude mapped to FP8_MAX."""
-    amax = ring.float().abs().amax(dim=-1)
-    scale = torch.clamp(amax, min=1e-12) / FP8_MAX
-    return (ring.float() / scale[..., None]).to(torch.float8_e4m3fn), scale
-
-
-def dequantize_ring(entries: Tensor, scale: Tensor) -> Tensor:
-    """The fp32 ring that quantize_ring's output stands for."""
-    return entries.float() * scale[..., None]
 
 
 def ring_attention_reference(
@@ -130,13 +122,19 @@ def _ring_split_kernel(  # type: ignore[no-untyped-def,unused-ignore]
     dims = tl.arange(0, head_dim)
     lanes = tl.arange(0, 16)  # the repeated query rows; row 0 is stored
     q = tl.load(q_ptr + slot * stride_q_slot + head * stride_q_head + dims)
+    if scaled:
+        # fp8 entries widen to fp16 in one instruction per pair (bf16 takes several), so the
+        # dots run in fp16: q is divided by its largest magnitude to stay in fp16's range
+        q_amax = tl.maximum(tl.max(tl.abs(q.to(tl.float32)), axis=0), 1e-30)
+        q = (q.to(tl.float32) / q_amax).to(tl.float16)
+        qk_scale_log2 = qk_scale_log2 * q_amax
     q_rows = tl.broadcast_to(q[None, :], (16, head_dim))
     ring = row.to(tl.int64) * capacity
     # Entry j is (final - j) mod capacity frames older than the query, and attended when that
     # age is at most `oldest` (p >= 0 and within the context): one cyclic run of indices
-    # ending at `final`. When the run does not wrap, tiles outside it are skipped (a young call
-    # reads only what it wrote). The 64-bit modulo stays out of the loop: it costs tens of
-    # instructions per entry.
+    # ending at `final`. When the run does not wrap (a call younger than the ring), tiles
+    # outside it are skipped (a young call reads only what it wrote). The 64-bit modulo stays
+    # out of the loop: it costs tens of instructions per entry.
     final = (last % capacity).to(tl.int32)  # the query's own entry
     oldest = tl.minimum(last, context - 1).to(tl.int32)
     lo = split * split_frames
@@ -156,17 +154,24 @@ def _ring_split_kernel(  # type: ignore[no-untyped-def,unused-ignore]
         offsets = entries[:, None] * head_dim + dims[None, :]
         k = tl.load(k_ptr + offsets, mask=valid[:, None], other=0.0).to(q.dtype)
         scores = tl.dot(q_rows, tl.trans(k), input_precision=precision) * qk_scale_log2
-        if scaled:
-            scores = scores * tl.load(k_scale_ptr + entries, mask=valid, other=0.0)[None, :]
+        if scaled:  # the key's scale multiplies its score, after the dot
+            key_scale = tl.load(k_scale_ptr + entries, mask=valid, other=0.0).to(tl.float32)
+            scores = scores * key_scale[None, :]
         scores = tl.where(valid[None, :], scores, float("-inf"))  # [16, block_n], log2 units
         new_max = tl.maximum(run_max, tl.max(scores, axis=1))
         rescale = tl.exp2(run_max - new_max)
         weights = tl.exp2(scores - new_max[:, None])
         run_sum = run_sum * rescale + tl.sum(weights, axis=1)
-        if scaled:
-            weights = weights * tl.load(v_scale_ptr + entries, mask=valid, other=0.0)[None, :]
         v = tl.load(v_ptr + offsets, mask=valid[:, None], other=0.0).to(q.dtype)
-        update = tl.dot(weights.to(q.dtype), v, input_precision=precision)
+        if scaled:
+            # a value's scale weighs its row: relative to the tile's largest, so the fp16
+            # weights stay in [0, 1], and the tile's largest multiplies the product
+            value_scale = tl.load(v_scale_ptr + entries, mask=valid, other=0.0).to(tl.float32)
+            tile_scale = tl.max(value_scale, axis=0)
+            weights = weights * (value_scale / tl.maximum(tile_scale, 1e-30))[None, :]
+            update = tl.dot(weights.to(q.dtype), v) * tile_scale
+        else:
+            update = tl.dot(weights.to(q.dtype), v, input_precision=precision)
         acc = acc * rescale[:, None] + update
         run_max = new_max
     partial = row * splits + split
@@ -236,13 +241,14 @@ def ring_attention(
     """Decode attention of q over the ring (module docstring); returns [slots, heads, head_dim]
     in q's dtype. `splits` overrides the split count (tests use it to force the combine);
     `block_n`, `num_warps` and `num_stages` shape the pass-1 program (None: the module's
-    BLOCK_N, NUM_WARPS and NUM_STAGES, read at each launch so that
+    BLOCK_N, NUM_WARPS and NUM_STAGES, or their FP8_ versions, read at each launch so that
     bench/kernels_ring_attention.py can run the model with the best of its sweep). fp8 rings
-    come with their per-entry `scales` (key_scale, value_scale): fp32 [slots, heads,
-    capacity] (see quantize_ring)."""
-    block_n = BLOCK_N if block_n is None else block_n
-    num_warps = NUM_WARPS if num_warps is None else num_warps
-    num_stages = NUM_STAGES if num_stages is None else num_stages
+    come with their per-entry `scales` (key_scale, value_scale): bf16 [slots, heads,
+    capacity] (attention.py's quantize_kv)."""
+    fp8 = scales is not None
+    block_n = (FP8_BLOCK_N if fp8 else BLOCK_N) if block_n is None else block_n
+    num_warps = (FP8_NUM_WARPS if fp8 else NUM_WARPS) if num_warps is None else num_warps
+    num_stages = (FP8_NUM_STAGES if fp8 else NUM_STAGES) if num_stages is None else num_stages
     slots, heads, head_dim = q.shape
     capacity = keys.shape[2]
     assert keys.shape == (slots, heads, capacity, head_dim), (keys.shape, q.shape)
@@ -261,11 +267,10 @@ def ring_attention(
     if scales is None:
         assert keys.dtype == q.dtype, (keys.dtype, q.dtype)
     else:
-        assert keys.dtype == torch.float8_e4m3fn, keys.dtype
-        assert q.dtype != torch.float32, "fp8 rings are read with a 16-bit query"
+        assert keys.dtype == KV_FP8, keys.dtype
         for scale in scales:
             assert scale.shape == keys.shape[:3], (scale.shape, keys.shape)
-            assert scale.dtype == torch.float32, scale.dtype
+            assert scale.dtype == KV_SCALE_DTYPE, scale.dtype
             assert scale.is_contiguous(), "scales must be contiguous"
             assert scale.device == q.device, "tensors on one device"
     rows = slots * heads
@@ -300,7 +305,7 @@ def ring_attention(
         block_n=block_n,
         empty=EMPTY_MAX,
         # fp32 rings (tests, fp32 models) must not drop to tf32 in the dot
-        precision="ieee" if q.dtype == torch.float32 else None,
+        precision="ieee" if q.dtype == torch.float32 and scales is None else None,
         scaled=scales is not None,
         num_warps=num_warps,
         num_stages=num_stages,

@@ -6,6 +6,7 @@ from pathlib import Path
 from engine.models.base import Model
 
 MODELS = ("echo", "moshi")
+KV_DTYPES = ("bf16", "fp8")
 
 
 @dataclass(frozen=True)
@@ -22,6 +23,7 @@ class ModelOptions:
     cpu_threads: int = 1  # torch intra-op threads on CPU; more only pays for large models
     voice_prompt: Path | None = None  # PersonaPlex: a WAV of the voice to speak with
     text_prompt: str | None = None  # PersonaPlex: the role text (needs the tokenizer)
+    kv_dtype: str = "bf16"  # temporal KV rings: bf16 (the model's dtype) | fp8 (e4m3 + scales)
 
     def check(self, model: str) -> None:
         if model == "moshi" and (self.checkpoint is None) == (self.random_weights is None):
@@ -30,6 +32,8 @@ class ModelOptions:
             )
         if self.dtype not in (None, "float32", "bfloat16"):
             raise ValueError(f"unknown dtype {self.dtype!r}; choose float32 or bfloat16")
+        if self.kv_dtype not in KV_DTYPES:
+            raise ValueError(f"unknown KV dtype {self.kv_dtype!r}; choose bf16 or fp8")
 
 
 def build_model(name: str, slots: int, options: ModelOptions | None = None) -> Model:
@@ -60,6 +64,7 @@ def build_model(name: str, slots: int, options: ModelOptions | None = None) -> M
             random_weights_seed=options.random_weights,
             greedy=options.greedy,
             sampling_seed=options.seed,
+            kv_dtype=torch.float8_e4m3fn if options.kv_dtype == "fp8" else None,
         )
         if options.voice_prompt is not None or options.text_prompt is not None:
             from engine.infer import read_wav, resample

@@ -1,4 +1,4 @@
-"""Moshi with the ring decode kernel gives the torch path's greedy tokens (fp32).
+"""Moshi with the ring kernels gives the torch path's greedy tokens (fp32; fp8 rings too).
 
 The LM test runs anywhere triton imports (Triton's interpreter on CPU); the whole-model test
 needs CUDA: it captures the kernel inside the graph executor's CUDA graph and compares it with
@@ -18,6 +18,7 @@ pytest.importorskip("triton", reason="triton is not installed (CPU torch does no
 
 from engine.executors.eager import EagerExecutor
 from engine.executors.graph import GraphExecutor
+from engine.models.moshi.attention import KV_FP8
 from engine.models.moshi.config import load_config
 from engine.models.moshi.lm import MoshiLm
 from engine.models.moshi.model import MoshiModel, build_moshi, randomize
@@ -56,6 +57,9 @@ def _frames(lm: MoshiLm, user: torch.Tensor) -> torch.Tensor:
 
 
 def test_lm_greedy_tokens_identical_with_kernel() -> None:
+    """The kernels (RoPE + append, decode attention) against the torch ops, fp32 rings. (fp8
+    rings are not compared so: the kernel's fp16 dots round otherwise than the torch path's
+    fp32 SDPA, and a tiny random model's greedy tokens flip on such differences.)"""
     generator = torch.Generator().manual_seed(0)
     user = torch.randint(0, 64, (LM_STEPS, SLOTS, 8), generator=generator).to(DEVICE)
     with torch.no_grad():
@@ -65,9 +69,15 @@ def test_lm_greedy_tokens_identical_with_kernel() -> None:
     assert torch.equal(got, want)
 
 
-def _model(decode_kernel: bool) -> MoshiModel:
+def _model(decode_kernel: bool, kv_dtype: torch.dtype | None = None) -> MoshiModel:
     model = build_moshi(
-        load_config("tiny"), SLOTS, DEVICE, torch.float32, random_weights_seed=5, greedy=True
+        load_config("tiny"),
+        SLOTS,
+        DEVICE,
+        torch.float32,
+        random_weights_seed=5,
+        greedy=True,
+        kv_dtype=kv_dtype,
     )
     model.lm.transformer.decode_kernel = decode_kernel
     return model
@@ -80,6 +90,29 @@ def test_graph_with_kernel_matches_eager_torch_path() -> None:
     eager = EagerExecutor(_model(decode_kernel=False))
     graph = GraphExecutor(_model(decode_kernel=True))
     rng = np.random.default_rng(0)
+    active = np.ones(SLOTS, np.bool_)
+    tokens = []
+    for step in range(STEPS):
+        reset = np.zeros(SLOTS, np.bool_)
+        reset[RESETS.get(step, [])] = True
+        pcm = (rng.standard_normal((SLOTS, 1920)) * 0.1).astype(np.float32)
+        want = eager.run(pcm, reset, active)
+        got = graph.run(pcm, reset, active)
+        np.testing.assert_array_equal(got.tokens, want.tokens, err_msg=f"step {step}")
+        np.testing.assert_allclose(got.pcm, want.pcm, atol=1e-5, err_msg=f"step {step}")
+        tokens.append(got.tokens)
+    assert len(np.unique(np.stack(tokens))) > 8
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_graph_matches_eager_with_fp8_rings() -> None:
+    """fp8 rings served: the graph replays give the eager steps' greedy tokens and audio,
+    both through the kernels, while calls join, leave and their rings wrap."""
+    torch.backends.cuda.matmul.allow_tf32 = False
+    eager = EagerExecutor(_model(decode_kernel=True, kv_dtype=KV_FP8))
+    graph = GraphExecutor(_model(decode_kernel=True, kv_dtype=KV_FP8))
+    rng = np.random.default_rng(1)
     active = np.ones(SLOTS, np.bool_)
     tokens = []
     for step in range(STEPS):

@@ -11,10 +11,15 @@ A ring index j holds the newest position p <= last with p = j (mod capacity), wh
 `last = start + T - 1`; it is valid when p >= 0 and within `context` of the query. Nothing is
 cleared on reset: a reset slot starts at position 0, so every older entry maps to p < 0.
 
-A decode step (T = 1) may pass `RingDecode` instead of a mask: attention then runs in the
-Triton kernel of kernels/ring_attention.py, which derives validity from `start` itself and
-reads only valid entries (SDPA reads the whole ring; with the mask it still streams it at
-full bandwidth on an H200: see transformer.py for which is faster when).
+The temporal transformer's rings may hold fp8 e4m3 entries instead of the model's dtype, each
+with its own bf16 scale (`quantize_kv`): the entry's largest magnitude maps to 448.
+
+    key_scale, value_scale: bf16 [layers, slots, heads, capacity]   (fp8 rings only)
+
+It passes each layer a `RingDecode`: without a mask, one frame per slot goes through two
+Triton launches, RoPE + append (kernels/kv_append.py) and decode attention
+(kernels/ring_attention.py), which derives validity from `start` itself and reads only valid
+entries; with a mask, the same steps run as torch ops and SDPA over the (dequantized) ring.
 """
 
 import math
@@ -23,6 +28,11 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 from torch.nn import functional
+
+KV_FP8 = torch.float8_e4m3fn
+KV_SCALE_DTYPE = torch.bfloat16  # range of fp32: no head is too small or too large to scale
+FP8_MAX = 448.0  # the largest finite float8 e4m3fn
+AMAX_FLOOR = 1e-12  # an all-zero entry still gets a finite scale
 
 
 def fused_on(x: Tensor, fused: bool | None) -> bool:
@@ -69,11 +79,16 @@ class RmsNorm(nn.Module):
         return rms_norm(x, self.alpha, self.eps, fused_on(x, self.fused))
 
 
+def rope_frequencies(head_dim: int, max_period: float, device: torch.device) -> Tensor:
+    """fp32 [head_dim / 2]: exp(-ln(max_period) * 2i / head_dim), the angle per frame of pair i."""
+    half = torch.arange(head_dim // 2, device=device, dtype=torch.float32)
+    return torch.exp(half * (-math.log(max_period) * 2 / head_dim))
+
+
 def apply_rope(x: Tensor, positions: Tensor, max_period: float) -> Tensor:
     """Rotate interleaved (real, imag) pairs of x: [B, H, T, D] by positions: int64 [B, T]."""
     batch, _, steps, head_dim = x.shape
-    half = torch.arange(head_dim // 2, device=x.device, dtype=torch.float32)
-    freqs = torch.exp(half * (-math.log(max_period) * 2 / head_dim))
+    freqs = rope_frequencies(head_dim, max_period, x.device)
     angles = freqs * positions.to(torch.float32).view(batch, 1, steps, 1)
     cos, sin = torch.cos(angles), torch.sin(angles)
     pairs = x.view(*x.shape[:-1], head_dim // 2, 2)
@@ -100,24 +115,42 @@ def ring_write(ring: Tensor, new: Tensor, start: Tensor) -> None:
     batch, heads, steps, head_dim = new.shape
     offsets = torch.arange(steps, device=start.device).view(1, -1)
     index = torch.remainder(start.view(-1, 1) + offsets, ring.shape[2])  # [B, T]
+    if ring.dtype == KV_FP8:  # scatter has no fp8 kernels: move the bytes
+        ring, new = ring.view(torch.uint8), new.view(torch.uint8)
     ring.scatter_(2, index.view(batch, 1, steps, 1).expand(-1, heads, -1, head_dim), new)
+
+
+def quantize_kv(x: Tensor) -> tuple[Tensor, Tensor]:
+    """[..., D] -> (fp8 e4m3 [..., D], bf16 scale [...]), one scale per entry (token and head).
+
+    scale = bf16(max|x| / 448); the entry is x / scale, computed in fp32 with the stored
+    (rounded) scale and clamped to +-448, so dequantizing multiplies by exactly what divided.
+    """
+    x32 = x.float()
+    amax = x32.abs().amax(dim=-1).clamp(min=AMAX_FLOOR)
+    scale = (amax / FP8_MAX).to(KV_SCALE_DTYPE)
+    entries = (x32 / scale.float()[..., None]).clamp(-FP8_MAX, FP8_MAX).to(KV_FP8)
+    return entries, scale
+
+
+def dequantize_kv(entries: Tensor, scale: Tensor) -> Tensor:
+    """fp32 [..., D]: what quantize_kv's output stands for."""
+    return entries.float() * scale.float()[..., None]
 
 
 @dataclass(frozen=True)
 class RingDecode:
-    """Attend one query per slot through the ring decode kernel, within `context` frames."""
+    """How a temporal layer reads its ring (see the module docstring).
+
+    `context`: frames a query attends to. `scales`: this layer's (key_scale, value_scale),
+    bf16 [B, H, capacity], when the ring holds fp8 entries. `mask`: None for the Triton
+    kernels (one frame per slot, CUDA or Triton's interpreter), else ring_mask's bool
+    [B, 1, T, capacity] for the torch ops.
+    """
 
     context: int
-
-
-def ring_decode(q: Tensor, keys: Tensor, values: Tensor, start: Tensor, context: int) -> Tensor:
-    """q: [B, H, 1, D] -> [B, H, 1, D] through the Triton kernel (CUDA, or its interpreter)."""
-    # imported here: triton is absent from CPU-only installs, which never take this path
-    from kernels.ring_attention import ring_attention
-
-    if q.shape[2] != 1:
-        raise ValueError(f"ring decode attends one query per slot, got {q.shape[2]}")
-    return ring_attention(q[:, :, 0], keys, values, start, context)[:, :, None]
+    scales: tuple[Tensor, Tensor] | None = None
+    mask: Tensor | None = None
 
 
 class RingAttention(nn.Module):
@@ -137,24 +170,61 @@ class RingAttention(nn.Module):
         # in_proj rows: [q heads | k heads | v heads], each head contiguous
         self.in_proj = nn.Linear(dim, 3 * dim, bias=False, device=device, dtype=dtype)
         self.out_proj = nn.Linear(dim, dim, bias=False, device=device, dtype=dtype)
+        self.rope_freqs: Tensor | None
+        freqs = None
+        if max_period is not None:
+            freqs = rope_frequencies(dim // num_heads, max_period, device)
+        self.register_buffer("rope_freqs", freqs, False)
 
     def forward(
         self, x: Tensor, start: Tensor, keys: Tensor, values: Tensor, mask: Tensor | RingDecode
     ) -> Tensor:
         """x: [B, T, dim]; keys/values: this layer's ring [B, H, capacity, head_dim]; mask:
-        bool [B, 1, T, capacity] (see ring_mask), or RingDecode for the kernel when T = 1."""
+        bool [B, 1, T, capacity] (see ring_mask), or the temporal ring's RingDecode."""
         batch, steps, dim = x.shape
         qkv = self.in_proj(x).view(batch, steps, 3, self.num_heads, dim // self.num_heads)
-        q, k, v = qkv.permute(2, 0, 3, 1, 4).unbind(0)  # each [B, H, T, head_dim]
-        if self.max_period is not None:
-            positions = start.view(-1, 1) + torch.arange(steps, device=x.device).view(1, -1)
-            q = apply_rope(q, positions, self.max_period)
-            k = apply_rope(k, positions, self.max_period)
-        ring_write(keys, k, start)
-        ring_write(values, v, start)
-        if isinstance(mask, RingDecode):
-            out = ring_decode(q, keys, values, start, mask.context)
+        if isinstance(mask, RingDecode) and mask.mask is None:
+            out = self._decode(qkv, start, keys, values, mask)
         else:
-            out = functional.scaled_dot_product_attention(q, keys, values, attn_mask=mask)
+            ring = mask if isinstance(mask, RingDecode) else RingDecode(keys.shape[2], None, mask)
+            out = self._masked(qkv, start, keys, values, ring)
         projected: Tensor = self.out_proj(out.transpose(1, 2).reshape(batch, steps, dim))
         return projected
+
+    def _decode(
+        self, qkv: Tensor, start: Tensor, keys: Tensor, values: Tensor, ring: RingDecode
+    ) -> Tensor:
+        """The Triton path: [B, 1, 3, H, D] -> [B, H, 1, D]."""
+        # imported here: triton is absent from CPU-only installs, which never take this path
+        from kernels.kv_append import rope_kv_append
+        from kernels.ring_attention import ring_attention
+
+        if qkv.shape[1] != 1:
+            raise ValueError(f"ring decode attends one query per slot, got {qkv.shape[1]}")
+        q = rope_kv_append(qkv, start, keys, values, self.rope_freqs, ring.scales)
+        out = ring_attention(q[:, :, 0], keys, values, start, ring.context, scales=ring.scales)
+        return out[:, :, None]
+
+    def _masked(
+        self, qkv: Tensor, start: Tensor, keys: Tensor, values: Tensor, ring: RingDecode
+    ) -> Tensor:
+        """The torch path: [B, T, 3, H, D] -> [B, H, T, D] through SDPA with ring.mask."""
+        q, k, v = qkv.permute(2, 0, 3, 1, 4).unbind(0)  # each [B, H, T, head_dim]
+        if self.max_period is not None:
+            steps = qkv.shape[1]
+            positions = start.view(-1, 1) + torch.arange(steps, device=qkv.device).view(1, -1)
+            q = apply_rope(q, positions, self.max_period)
+            k = apply_rope(k, positions, self.max_period)
+        if ring.scales is None:
+            ring_write(keys, k, start)
+            ring_write(values, v, start)
+        else:
+            key_scale, value_scale = ring.scales
+            for ring_entries, ring_scale, new in ((keys, key_scale, k), (values, value_scale, v)):
+                entries, scale = quantize_kv(new)
+                ring_write(ring_entries, entries, start)
+                ring_write(ring_scale[..., None], scale[..., None], start)
+            keys = dequantize_kv(keys, key_scale).to(q.dtype)
+            values = dequantize_kv(values, value_scale).to(q.dtype)
+        out: Tensor = functional.scaled_dot_product_attention(q, keys, values, attn_mask=ring.mask)
+        return out

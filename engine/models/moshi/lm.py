@@ -30,7 +30,10 @@ class MoshiLm(nn.Module):
         text_sampling: Sampling,
         audio_sampling: Sampling,
         generator: torch.Generator | None,
+        kv_dtype: torch.dtype | None = None,
     ) -> None:
+        """`kv_dtype`: the temporal KV rings' entries (None: the model's dtype; or fp8 e4m3,
+        see attention.py)."""
         super().__init__()
         self.config = config
         self.text_sampling = text_sampling
@@ -53,6 +56,7 @@ class MoshiLm(nn.Module):
             slots=slots,
             device=device,
             dtype=dtype,
+            kv_dtype=kv_dtype,
         )
         self.out_norm = RmsNorm(config.dim, RMS_EPS, device, dtype)
         self.text_linear = nn.Linear(

@@ -240,9 +240,11 @@ def build_moshi(
     text_temperature: float = 0.7,
     text_top_k: int = 25,
     sampling_seed: int = 0,
+    kv_dtype: torch.dtype | None = None,
 ) -> MoshiModel:
     """A ready `MoshiModel`: weights from `checkpoint_dir` (Kyutai/NVIDIA layout), or seeded
-    random weights when `random_weights_seed` is given instead."""
+    random weights when `random_weights_seed` is given instead. `kv_dtype`: the temporal KV
+    rings' entries, the model's dtype (None) or torch.float8_e4m3fn (docs/kv-cache.md)."""
     if (checkpoint_dir is None) == (random_weights_seed is None):
         raise ValueError("give exactly one of checkpoint_dir and random_weights_seed")
     device = torch.device(device)
@@ -258,6 +260,7 @@ def build_moshi(
         Sampling(greedy, text_temperature, text_top_k),
         Sampling(greedy, temperature, top_k),
         generator,
+        kv_dtype=kv_dtype,
     )
     mimi = MimiCodec(config.mimi, slots, device)
     tokenizer = None

@@ -24,6 +24,8 @@ from torch import Tensor, nn
 from torch.nn import functional
 
 from engine.models.moshi.attention import (
+    KV_FP8,
+    KV_SCALE_DTYPE,
     RingAttention,
     RingDecode,
     RmsNorm,
@@ -122,7 +124,9 @@ class TemporalTransformer(nn.Module):
         device: torch.device,
         dtype: torch.dtype,
         decode_kernel: bool | None = None,
+        kv_dtype: torch.dtype | None = None,
     ) -> None:
+        """`kv_dtype`: the rings' entries, the model's dtype (None) or float8_e4m3fn."""
         super().__init__()
         self.context = context
         # None: the kernel on CUDA only. Read at every step: set it before a graph is captured
@@ -131,12 +135,23 @@ class TemporalTransformer(nn.Module):
             TemporalLayer(dim, num_heads, ffn_hidden, max_period, device, dtype)
             for _ in range(num_layers)
         )
+        kv_dtype = dtype if kv_dtype is None else kv_dtype
+        if kv_dtype not in (dtype, KV_FP8):
+            raise ValueError(f"KV ring dtype {kv_dtype} must be the model's {dtype} or {KV_FP8}")
         ring_shape = (num_layers, slots, num_heads, context, dim // num_heads)
         self.keys: Tensor
         self.values: Tensor
+        self.key_scale: Tensor | None
+        self.value_scale: Tensor | None
         self.positions: Tensor
-        self.register_buffer("keys", torch.zeros(ring_shape, device=device, dtype=dtype), False)
-        self.register_buffer("values", torch.zeros(ring_shape, device=device, dtype=dtype), False)
+        for name in ("keys", "values"):
+            ring = torch.zeros(ring_shape, device=device, dtype=kv_dtype)
+            self.register_buffer(name, ring, False)
+        for name in ("key_scale", "value_scale"):
+            scale = None
+            if kv_dtype == KV_FP8:
+                scale = torch.ones(ring_shape[:4], device=device, dtype=KV_SCALE_DTYPE)
+            self.register_buffer(name, scale, False)
         self.register_buffer(
             "positions", torch.zeros(slots, device=device, dtype=torch.long), False
         )
@@ -148,7 +163,7 @@ class TemporalTransformer(nn.Module):
     def step(self, x: Tensor) -> Tensor:
         """x: [slots, 1, dim] -> [slots, 1, dim]; every slot advances one position."""
         decode = x.is_cuda if self.decode_kernel is None else self.decode_kernel
-        out = self._run(x, self.positions, self.keys, self.values, decode)
+        out = self._run(x, slice(None), decode)
         self.positions.add_(1)
         return out
 
@@ -157,14 +172,19 @@ class TemporalTransformer(nn.Module):
         if x.shape[1] > self.context:
             raise ValueError(f"prefill of {x.shape[1]} frames exceeds the context {self.context}")
         s = slice(slot, slot + 1)
-        out = self._run(x, self.positions[s], self.keys[:, s], self.values[:, s], False)
+        out = self._run(x, s, False)
         self.positions[s] += x.shape[1]
         return out
 
-    def _run(self, x: Tensor, start: Tensor, keys: Tensor, values: Tensor, decode: bool) -> Tensor:
-        mask: Tensor | RingDecode = RingDecode(self.context)
-        if not decode:
-            mask = ring_mask(start, x.shape[1], self.context, self.context)
+    def _run(self, x: Tensor, rows: slice, decode: bool) -> Tensor:
+        """x: [B, T, dim] for the slots `rows`: through the Triton kernels (`decode`: T = 1)
+        or torch ops with a mask."""
+        start = self.positions[rows]
+        mask = None if decode else ring_mask(start, x.shape[1], self.context, self.context)
         for index, layer in enumerate(self.layers):
-            x = layer(x, start, keys[index], values[index], mask)
+            scales = None
+            if self.key_scale is not None and self.value_scale is not None:
+                scales = (self.key_scale[index, rows], self.value_scale[index, rows])
+            ring = RingDecode(self.context, scales, mask)
+            x = layer(x, start, self.keys[index, rows], self.values[index, rows], ring)
         return x
