@@ -11,7 +11,8 @@ bytes moved per second against the device's HBM ceiling.
 Per stage, defined as in bench/engine_stages.py (`temporal`: embedding, 32 layers with every
 ring full, out norm, text head, text sampling; `depformer`: 8 steps x 6 layers with
 sampling), built once with random weights: median / p99 ms per CUDA-graph replay and the
-kernels one eager run launches (torch profiler), with `fused` off and on.
+kernels one eager run launches (torch profiler; the most launched by name), with `fused` off
+and on.
 """
 
 import argparse
@@ -21,6 +22,7 @@ import os
 import platform
 import statistics
 import sys
+from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -52,11 +54,16 @@ EPS = 1e-8
 GREEDY = Sampling(greedy=True, temperature=1.0, top_k=1)
 
 
-def count_kernels(stage: Callable[[], object]) -> int:
+def kernel_names(stage: Callable[[], object]) -> Counter[str]:
+    """How many times one eager run of stage launches each kernel (torch profiler)."""
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
         stage()
         torch.cuda.synchronize()
-    return len([e for e in prof.events() if e.device_type.name == "CUDA"])
+    return Counter(e.name for e in prof.events() if e.device_type.name == "CUDA")
+
+
+def count_kernels(stage: Callable[[], object]) -> int:
+    return sum(kernel_names(stage).values())
 
 
 def replay_ms(stage: Callable[[], object], repeats: int = 1) -> list[float]:
@@ -188,10 +195,13 @@ def stages(slots: int) -> dict[str, Any]:
             set_fused(lm, fused)
             times = replay_ms(stage)
             key = f"{name}_{'fused' if fused else 'torch'}"
+            names = kernel_names(stage)
             row[key] = {
                 "median_ms": round(statistics.median(times), 3),
                 "p99_ms": round(times[int(0.99 * (len(times) - 1))], 3),
-                "kernels": count_kernels(stage),
+                "kernels": sum(names.values()),
+                # launches per kernel name, the 12 most frequent (names truncated)
+                "most_launched": {name[:80]: n for name, n in names.most_common(12)},
             }
             log.info("%d slots %s %s", slots, key, row[key])
     return row
