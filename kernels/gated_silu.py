@@ -13,6 +13,11 @@ Grid: (rows, hidden / BLOCK); 1024 columns per program, 16-byte loads of bf16 wi
 
 Predicted before measuring (H200, bf16, CUDA graph): ~3 us at 1 slot, ~4 us at 128 slots
 (8.6 MB moved), against two launches of the torch ops.
+
+Measured on one H200 (torch 2.11, triton 3.6; `python bench/kernels_layer.py --slots 1,128`,
+bench/results/kernels_layer.json), bf16, hidden 11264, per call inside a CUDA graph: 2.18 us
+at 1 slot, 2.93 us at 128 slots (8.65 MB: 2.95 TB/s, 61% of the HBM peak), against 4.17 and
+10.72 us for torch's silu and product.
 """
 
 import torch

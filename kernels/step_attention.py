@@ -16,6 +16,14 @@ fp32. The current step's key and value are used from registers, not read back af
 Predicted before measuring (H200, bf16, CUDA graph): ~2.5 us per launch, against ~3 for
 the slice writes and SDPA; with the fused norms, gate and the one-GEMM input projection, the
 depformer stage at 1 slot goes from 1497 to ~420 kernels and from 4.29 to ~1.5 ms.
+
+Measured on one H200 (torch 2.11, triton 3.6; `python bench/kernels_layer.py --slots 1,128`,
+bench/results/kernels_layer.json), bf16, 16 heads of 64, step 7 of 8, per call inside a CUDA
+graph: 2.67 us at 1 slot and 3.48 us at 128 slots, against 8.09 and 17.62 us for the slice
+writes and SDPA. The depformer stage (bench/engine_stages.py,
+bench/results/engine_stages_layer_kernels.json) went from 1497 to 466 kernels, 4.29 to 1.90 ms
+at 1 slot and 5.78 to 2.18 ms at 128 slots (in the same run with `fused` off: 4.13 and
+5.40 ms).
 """
 
 import math
