@@ -12,9 +12,12 @@ before any capture) and, at the largest slot count, the fused stages' ten costli
 """
 
 import argparse
+import functools
 import json
 import logging
+import math
 import platform
+import statistics
 import sys
 import time
 from collections.abc import Callable
@@ -28,11 +31,97 @@ import torch
 import triton  # type: ignore[import-not-found,import-untyped,unused-ignore]
 from engine_stages import count_kernels, time_graph
 
+import kernels.mimi_transformer as step_kernel
 from engine.models.moshi.config import moshiko
 from engine.models.moshi.mimi.codec import MimiCodec
 from engine.models.moshi.model import randomize
 
 log = logging.getLogger("mimi_gpu")
+# frames since reset that every transformer starts at: past the 250-frame ring, so each step
+# attends a full ring (the steady state of a call older than 10 s), not a young call's few
+STEADY_POSITION = 1000
+# (block_n, tiles_per_split, num_warps) of ring_attention_step; tiles_per_split 4 at block 64
+# is one program per (slot, head) over the whole 250-frame ring, as the first kernel was
+SHAPES = [
+    (16, 1, 4),
+    (32, 1, 4),
+    (32, 1, 8),
+    (64, 1, 4),
+    (64, 1, 8),
+    (32, 2, 4),
+    (64, 4, 4),
+]
+LAUNCHES = 20  # ring_attention_step launches per captured graph in the sweep
+
+
+def time_launches(launch: Callable[[], object]) -> float:
+    """us per call of `launch`: median of 10 replays of a graph of LAUNCHES calls."""
+    launch()  # Triton compiles here, outside the capture
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(LAUNCHES):
+            launch()
+    times = []
+    for _ in range(12):
+        begin = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
+        end = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
+        begin.record()
+        graph.replay()
+        end.record()
+        end.synchronize()
+        times.append(begin.elapsed_time(end) * 1000 / LAUNCHES)
+    return float(statistics.median(times[2:]))
+
+
+def sweep_attention(counts: list[int]) -> list[dict[str, Any]]:
+    """ring_attention_step alone on Moshi's Mimi shapes (8 heads x 64, 250-frame rings,
+    T = 2, full rings), per slot count and program shape: us per launch and the K+V read
+    rate (one layer's rings read once)."""
+    config = moshiko().mimi
+    heads = config.transformer_heads
+    head_dim = config.seanet_dim // heads
+    capacity = config.transformer_context
+    device = torch.device("cuda")
+    rows = []
+    for slots in counts:
+        qkv = torch.randn(slots, 2, 3 * heads * head_dim, device=device)
+        keys = torch.randn(slots, heads, capacity, head_dim, device=device)
+        values = torch.randn_like(keys)
+        start = torch.full((slots,), STEADY_POSITION, device=device, dtype=torch.long)
+        half = torch.arange(head_dim // 2, device=device, dtype=torch.float32)
+        freqs = torch.exp(half * (-math.log(config.max_period) * 2 / head_dim))
+        positions = start[:, None] + torch.arange(2, device=device)
+        cos, sin = step_kernel.rope_tables(positions, freqs)
+        inputs = (qkv, cos, sin, keys, values, start, capacity)
+        read_bytes = 2 * keys.numel() * keys.element_size()
+        for block_n, tiles, warps in SHAPES:
+            us = time_launches(
+                functools.partial(step_kernel.ring_attention_step, *inputs, block_n, tiles, warps)
+            )
+            row = {
+                "slots": slots,
+                "block_n": block_n,
+                "tiles_per_split": tiles,
+                "num_warps": warps,
+                "us": round(us, 1),
+                "read_tb_s": round(read_bytes / us / 1e6, 2),
+            }
+            log.info("attention %s", row)
+            rows.append(row)
+    return rows
+
+
+def best_shape(rows: list[dict[str, Any]], counts: list[int]) -> tuple[int, int, int]:
+    """The shape with the least total time over the slot counts of 128 and more (all of
+    them when none is that large): at 1 slot every shape is a few us of latency."""
+    large = [count for count in counts if count >= 128] or counts
+    totals: dict[tuple[int, int, int], float] = {}
+    for row in rows:
+        if row["slots"] in large:
+            shape = (row["block_n"], row["tiles_per_split"], row["num_warps"])
+            totals[shape] = totals.get(shape, 0.0) + row["us"]
+    return min(totals, key=lambda shape: totals[shape])
 
 
 def top_kernels(stage: Callable[[], object], count: int = 10) -> list[dict[str, Any]]:
@@ -58,6 +147,9 @@ def measure(slots: int, profile: bool) -> dict[str, Any]:
     fused.load_state_dict(eager.state_dict())
     pcm = torch.randn(slots, config.frame_samples, device=device) * 0.1
     codes = torch.randint(0, config.bins, (slots, config.codebooks), device=device)
+    for codec in (eager, fused):
+        for transformer in (codec.encoder_transformer, codec.decoder_transformer):
+            transformer.positions.fill_(STEADY_POSITION)
     row: dict[str, Any] = {"slots": slots}
     with torch.no_grad():
         begin = time.perf_counter()
@@ -85,6 +177,11 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--slots", default="1,128,300")
     parser.add_argument("--json", type=Path)
+    parser.add_argument(
+        "--no-sweep",
+        action="store_true",
+        help="run the codec with the module's ring_attention_step shape, unswept",
+    )
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
     counts = [int(s) for s in args.slots.split(",")]
@@ -100,8 +197,20 @@ def main() -> int:
             "matmul_allow_tf32": torch.backends.cuda.matmul.allow_tf32,
         },
         "model": "moshiko Mimi, fp32, random weights (seed 2), each stage its own CUDA graph",
+        "steady_position": STEADY_POSITION,
         "rows": [],
     }
+    if not args.no_sweep:
+        result["attention_sweep"] = sweep_attention(counts)
+        shape = best_shape(result["attention_sweep"], counts)
+        step_kernel.BLOCK_N, step_kernel.TILES_PER_SPLIT, step_kernel.NUM_WARPS = shape
+        torch.cuda.empty_cache()
+    result["attention_shape"] = {
+        "block_n": step_kernel.BLOCK_N,
+        "tiles_per_split": step_kernel.TILES_PER_SPLIT,
+        "num_warps": step_kernel.NUM_WARPS,
+    }
+    log.info("codec runs with ring_attention_step shape %s", result["attention_shape"])
     for slots in counts:
         result["rows"].append(measure(slots, profile=slots == max(counts)))
         torch.cuda.empty_cache()

@@ -46,9 +46,12 @@ import triton.language as tl  # type: ignore[import-not-found,import-untyped,unu
 from torch import Tensor
 from torch.nn import functional
 
+# The step kernel's shape, module-level and read at each launch, so that bench/mimi_gpu.py can
+# sweep them and run the codec with the best.
 BLOCK_N = 64  # ring entries per tile: [T, 64, 64] fp32 products fit 4 warps' registers
 NUM_WARPS = 4
-# a running max below any real score but finite: a fully masked tile rescales by exp(0) = 1
+TILES_PER_SPLIT = 1  # tiles one program walks; the ring is split over ceil(tiles / this)
+# a running max below any real score but finite: a fully masked tile rescales by exp2(0) = 1
 EMPTY_MAX = -1.0e30
 
 
@@ -94,6 +97,15 @@ def ring_attention_step_reference(
 
 
 @triton.jit  # type: ignore[untyped-decorator,unused-ignore]
+def _rotate(x, cos, sin):  # type: ignore[no-untyped-def,unused-ignore]
+    """Interleaved RoPE of x [T, head_dim] with cos, sin [T, head_dim / 2], in registers."""
+    real, imag = tl.split(tl.reshape(x, (x.shape[0], x.shape[1] // 2, 2)))
+    rotated = tl.join(real * cos - imag * sin, real * sin + imag * cos)
+    return tl.reshape(rotated, (x.shape[0], x.shape[1]))
+
+
+# the ints stay unspecialised: a swept split size or split count compiles no new program
+@triton.jit(do_not_specialize=["capacity", "context", "split_frames", "splits"])  # type: ignore[untyped-decorator,unused-ignore]
 def _ring_attention_step_kernel(  # type: ignore[no-untyped-def,unused-ignore]
     qkv_ptr,
     cos_ptr,
@@ -102,16 +114,23 @@ def _ring_attention_step_kernel(  # type: ignore[no-untyped-def,unused-ignore]
     values_ptr,
     start_ptr,
     out_ptr,
+    max_ptr,
+    sum_ptr,
+    acc_ptr,
     capacity,
     context,
-    sm_scale,
+    split_frames,
+    splits,
+    qk_scale_log2,
     heads: tl.constexpr,
     head_dim: tl.constexpr,
     steps: tl.constexpr,
     block_n: tl.constexpr,
     empty: tl.constexpr,
+    direct: tl.constexpr,
 ):
     row = tl.program_id(0)  # slot * heads + head
+    split = tl.program_id(1)
     slot = row // heads
     head = row % heads
     dim: tl.constexpr = heads * head_dim
@@ -121,53 +140,106 @@ def _ring_attention_step_kernel(  # type: ignore[no-untyped-def,unused-ignore]
     tokens = tl.arange(0, steps)
     start = tl.load(start_ptr + slot)
     token = (slot * steps + tokens).to(tl.int64)  # [T]
-    base = token[:, None] * (3 * dim) + head * head_dim
+    base = token[:, None] * (3 * dim) + head * head_dim + dims[None, :]
     table = token[:, None] * half + pairs[None, :]
     cos = tl.load(cos_ptr + table)
     sin = tl.load(sin_ptr + table)
-    q_re = tl.load(qkv_ptr + base + 2 * pairs[None, :])
-    q_im = tl.load(qkv_ptr + base + 2 * pairs[None, :] + 1)
-    k_re = tl.load(qkv_ptr + base + dim + 2 * pairs[None, :])
-    k_im = tl.load(qkv_ptr + base + dim + 2 * pairs[None, :] + 1)
-    v_new = tl.load(qkv_ptr + base + 2 * dim + dims[None, :])
-    q_even = q_re * cos - q_im * sin  # [T, half]
-    q_odd = q_re * sin + q_im * cos
+    # every program of the row rotates this step's q and k: they stay in registers
+    q = _rotate(tl.load(qkv_ptr + base), cos, sin)  # [T, head_dim]
+    k_new = _rotate(tl.load(qkv_ptr + base + dim), cos, sin)
+    v_new = tl.load(qkv_ptr + base + 2 * dim)
     ring = row.to(tl.int64) * capacity * head_dim
-    written = ring + ((start + tokens) % capacity).to(tl.int64)[:, None] * head_dim
-    tl.store(keys_ptr + written + 2 * pairs[None, :], k_re * cos - k_im * sin)
-    tl.store(keys_ptr + written + 2 * pairs[None, :] + 1, k_re * sin + k_im * cos)
-    tl.store(values_ptr + written + dims[None, :], v_new)
-    tl.debug_barrier()  # this step's entries, stored by other threads, are read below
+    if split == 0:  # the only writer; no program reads these entries in this step
+        written = ring + ((start + tokens) % capacity).to(tl.int64)[:, None] * head_dim
+        tl.store(keys_ptr + written + dims[None, :], k_new)
+        tl.store(values_ptr + written + dims[None, :], v_new)
 
+    # Query i (position start + i) lies reach_i = T - 1 - i positions before the last one.
+    # This step's keys (ages 0..T-1 from the last query's entry) come from registers, in
+    # split 0 only: key j is seen by query i when 0 <= i - j < context.
+    reach = steps - 1 - tokens  # [T]
+    own = tl.sum(q[:, None, :] * k_new[None, :, :], axis=2) * qk_scale_log2  # [T, T]
+    seen = (tokens[None, :] <= tokens[:, None]) & (tokens[:, None] - tokens[None, :] < context)
+    own = tl.where(seen & (split == 0), own, float("-inf"))
+    run_max = tl.maximum(tl.max(own, axis=1), empty)
+    own = tl.exp2(own - run_max[:, None])
+    run_sum = tl.sum(own, axis=1)
+    acc = tl.sum(own[:, :, None] * v_new[None, :, :], axis=1)  # [T, head_dim]
+
+    # Ring entry j is age = (final - j) mod capacity frames older than the last query. Older
+    # entries (age >= T) are attended by query i when age <= last (position >= 0) and
+    # age < context + reach_i; those of all queries form one cyclic run of indices, which
+    # does not wrap in a call younger than the ring: there, tiles outside it are skipped.
     last = start + steps - 1
-    final = last % capacity  # the last query's own entry
-    query_pos = start + tokens  # [T]
-    run_max = tl.full((steps,), empty, tl.float32)
-    run_sum = tl.zeros((steps,), tl.float32)
-    acc = tl.zeros((steps, head_dim), tl.float32)
-    for first in range(0, capacity, block_n):
+    final = (last % capacity).to(tl.int32)
+    oldest = tl.minimum(last, context + steps - 2).to(tl.int32)
+    lo = split * split_frames
+    hi = tl.minimum(lo + split_frames, capacity)
+    unwrapped = oldest <= final
+    lo = tl.where(unwrapped, tl.maximum(lo, final - oldest), lo)
+    hi = tl.where(unwrapped, tl.minimum(hi, final - steps + 1), hi)
+    for first in range(lo, hi, block_n):
         index = first + tl.arange(0, block_n)
-        in_ring = index < capacity
         age = final - index
         age = tl.where(age < 0, age + capacity, age)
-        key_pos = last - age  # [block_n]
-        entry = ring + index.to(tl.int64)[:, None] * head_dim
-        k_even = tl.load(keys_ptr + entry + 2 * pairs[None, :], mask=in_ring[:, None], other=0.0)
-        k_odd = tl.load(keys_ptr + entry + 2 * pairs[None, :] + 1, mask=in_ring[:, None], other=0.0)
-        scores = tl.sum(q_even[:, None, :] * k_even[None, :, :], axis=2)
-        scores += tl.sum(q_odd[:, None, :] * k_odd[None, :, :], axis=2)  # [T, block_n]
-        delta = query_pos[:, None] - key_pos[None, :]
-        valid = in_ring[None, :] & (key_pos[None, :] >= 0) & (delta >= 0) & (delta < context)
-        scores = tl.where(valid, scores * sm_scale, float("-inf"))
+        live = (index < hi) & (age >= steps) & (age <= oldest)
+        entry = ring + index.to(tl.int64)[:, None] * head_dim + dims[None, :]
+        # both loads before any arithmetic: the tile's K and V are in flight together
+        k = tl.load(keys_ptr + entry, mask=live[:, None], other=0.0)  # [block_n, head_dim]
+        v = tl.load(values_ptr + entry, mask=live[:, None], other=0.0)
+        scores = tl.sum(q[:, None, :] * k[None, :, :], axis=2) * qk_scale_log2  # [T, block_n]
+        valid = live[None, :] & (age[None, :] < context + reach[:, None])
+        scores = tl.where(valid, scores, float("-inf"))
         new_max = tl.maximum(run_max, tl.max(scores, axis=1))
-        rescale = tl.exp(run_max - new_max)
-        weights = tl.exp(scores - new_max[:, None])
+        rescale = tl.exp2(run_max - new_max)
+        weights = tl.exp2(scores - new_max[:, None])
         run_sum = run_sum * rescale + tl.sum(weights, axis=1)
-        v = tl.load(values_ptr + entry + dims[None, :], mask=in_ring[:, None], other=0.0)
         acc = acc * rescale[:, None] + tl.sum(weights[:, :, None] * v[None, :, :], axis=1)
         run_max = new_max
-    # every query sees at least its own key: run_sum > 0
-    out = acc / run_sum[:, None]
+    if direct:  # one split: every query saw at least its own key, run_sum > 0
+        out = acc / run_sum[:, None]
+        tl.store(out_ptr + token[:, None] * dim + head * head_dim + dims[None, :], out)
+    else:
+        partial = (row * splits + split).to(tl.int64) * steps + tokens  # [T]
+        tl.store(max_ptr + partial, run_max)
+        tl.store(sum_ptr + partial, run_sum)
+        tl.store(acc_ptr + partial[:, None] * head_dim + dims[None, :], acc)
+
+
+@triton.jit  # type: ignore[untyped-decorator,unused-ignore]
+def _ring_combine_kernel(  # type: ignore[no-untyped-def,unused-ignore]
+    max_ptr,
+    sum_ptr,
+    acc_ptr,
+    out_ptr,
+    splits,
+    heads: tl.constexpr,
+    head_dim: tl.constexpr,
+    steps: tl.constexpr,
+    splits_pow2: tl.constexpr,
+    empty: tl.constexpr,
+):
+    row = tl.program_id(0)  # slot * heads + head
+    slot = row // heads
+    head = row % heads
+    dim: tl.constexpr = heads * head_dim
+    parts = tl.arange(0, splits_pow2)
+    tokens = tl.arange(0, steps)
+    dims = tl.arange(0, head_dim)
+    present = (parts < splits)[:, None]
+    partial = (row * splits + parts).to(tl.int64)[:, None] * steps + tokens[None, :]  # [S, T]
+    part_max = tl.load(max_ptr + partial, mask=present, other=empty)
+    part_sum = tl.load(sum_ptr + partial, mask=present, other=0.0)
+    part_acc = tl.load(
+        acc_ptr + partial[:, :, None] * head_dim + dims[None, None, :],
+        mask=present[:, :, None],
+        other=0.0,
+    )
+    # a split with no visible entry carries empty and a zero sum: its weight underflows to 0
+    scale = tl.exp2(part_max - tl.max(part_max, axis=0)[None, :])  # [S, T]
+    total = tl.sum(part_sum * scale, axis=0)  # [T], > 0: split 0 holds each query's own key
+    out = tl.sum(part_acc * scale[:, :, None], axis=0) / total[:, None]  # [T, head_dim]
+    token = (slot * steps + tokens).to(tl.int64)
     tl.store(out_ptr + token[:, None] * dim + head * head_dim + dims[None, :], out)
 
 
@@ -179,8 +251,16 @@ def ring_attention_step(
     values: Tensor,
     start: Tensor,
     context: int,
+    block_n: int | None = None,
+    tiles_per_split: int | None = None,
+    num_warps: int | None = None,
 ) -> Tensor:
-    """RoPE, ring write and attention of one step (module docstring) -> fp32 [slots, T, dim]."""
+    """RoPE, ring write and attention of one step (module docstring) -> fp32 [slots, T, dim].
+    `block_n`, `tiles_per_split` and `num_warps` shape the program (None: the module's
+    BLOCK_N, TILES_PER_SPLIT and NUM_WARPS, read at each launch)."""
+    block_n = BLOCK_N if block_n is None else block_n
+    tiles_per_split = TILES_PER_SPLIT if tiles_per_split is None else tiles_per_split
+    num_warps = NUM_WARPS if num_warps is None else num_warps
     slots, steps, width = qkv.shape
     _, heads, capacity, head_dim = keys.shape
     dim = heads * head_dim
@@ -196,9 +276,19 @@ def ring_attention_step(
     assert start.dtype == torch.int64, start.dtype
     assert steps in (1, 2, 4, 8), f"steps {steps} must be a small power of two"
     assert head_dim in (8, 16, 32, 64, 128), f"head_dim {head_dim} must be a power of two"
+    assert steps <= capacity, f"the {steps} entries written must fit the ring of {capacity}"
     assert 1 <= context <= capacity, (context, capacity)
+    assert block_n in (16, 32, 64, 128, 256), f"block_n {block_n} must be a power of two"
+    assert tiles_per_split >= 1, tiles_per_split
+    rows = slots * heads
+    split_frames = block_n * tiles_per_split
+    splits = math.ceil(capacity / split_frames)
     out = torch.empty(slots, steps, dim, device=qkv.device, dtype=torch.float32)
-    _ring_attention_step_kernel[(slots * heads,)](
+    partials = rows * splits * steps if splits > 1 else 1
+    part_max = torch.empty(partials, device=qkv.device, dtype=torch.float32)
+    part_sum = torch.empty(partials, device=qkv.device, dtype=torch.float32)
+    part_acc = torch.empty(partials, head_dim, device=qkv.device, dtype=torch.float32)
+    _ring_attention_step_kernel[(rows, splits)](
         qkv,
         cos,
         sin,
@@ -206,16 +296,36 @@ def ring_attention_step(
         values,
         start,
         out,
+        part_max,
+        part_sum,
+        part_acc,
         capacity,
         context,
-        1.0 / math.sqrt(head_dim),
+        split_frames,
+        splits,
+        math.log2(math.e) / math.sqrt(head_dim),
         heads=heads,
         head_dim=head_dim,
         steps=steps,
-        block_n=BLOCK_N,
+        block_n=block_n,
         empty=EMPTY_MAX,
-        num_warps=NUM_WARPS,
+        direct=splits == 1,
+        num_warps=num_warps,
     )
+    if splits > 1:
+        _ring_combine_kernel[(rows,)](
+            part_max,
+            part_sum,
+            part_acc,
+            out,
+            splits,
+            heads=heads,
+            head_dim=head_dim,
+            steps=steps,
+            splits_pow2=triton.next_power_of_2(splits),
+            empty=EMPTY_MAX,
+            num_warps=2,
+        )
     return out
 
 

@@ -7,8 +7,10 @@ the audio decoded from the same codes must stay within AUDIO_TOLERANCE (relative
 tolerance the CPU test against Kyutai uses (tests/engine/models/moshi/test_mimi.py).
 """
 
+import contextlib
 import dataclasses
 import math
+from collections.abc import Iterator
 
 import pytest
 
@@ -24,6 +26,7 @@ from engine.models.moshi.model import randomize
 
 FRAME = 1920
 AUDIO_TOLERANCE = 1e-4
+CODES_TOLERANCE = 1e-3  # share of codes that may differ: near ties break by rounding
 
 
 def tones_and_noise(slots: int, frames: int, seed: int) -> torch.Tensor:
@@ -86,40 +89,80 @@ def _graph(stage: object, inputs: torch.Tensor) -> tuple[torch.cuda.CUDAGraph, t
     return graph, out
 
 
+@contextlib.contextmanager
+def _cudnn_tf32(allowed: bool) -> Iterator[None]:
+    """cuDNN's convolutions in TF32 (its default) or in full fp32, for the block."""
+    before = torch.backends.cudnn.allow_tf32
+    torch.backends.cudnn.allow_tf32 = allowed
+    try:
+        yield
+    finally:
+        torch.backends.cudnn.allow_tf32 = before
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-def test_fused_codec_in_cuda_graphs_matches_eager_on_gpu() -> None:
-    """Moshi's Mimi, 4 slots, 5 s (63 frames): codes equal in >= 99.9%, audio from the same
-    codes within AUDIO_TOLERANCE, with cuDNN's default TF32 convolutions in both paths.
+@pytest.mark.parametrize("tf32", [False, True], ids=["fp32-convolutions", "tf32-convolutions"])
+def test_fused_codec_in_cuda_graphs_matches_eager_on_gpu(tf32: bool) -> None:
+    """Moshi's Mimi, 4 slots, 5 s (63 frames), the fused stages captured in CUDA graphs.
 
-    Measured once (H200, torch 2.11, triton 3.6) while the fused RVQ still projected with
-    fp32 GEMMs instead of the eager TF32 1x1 convolutions: agreement 0.99901 (2 of 2016 codes)
-    and audio error 8.2e-4, which failed this bound; the projections are now the eager ones,
-    not yet re-run on a GPU."""
+    With full-fp32 convolutions in both paths only the kernels' rounding differs: codes equal
+    in >= 99.9% and the audio decoded from the same codes within AUDIO_TOLERANCE.
+
+    With cuDNN's default TF32 convolutions (what the server runs) a fixed bound has no
+    ground: TF32 keeps 10 mantissa bits, so a rounding difference of ~1e-7 in a
+    convolution's input flips the TF32 rounding of a few of its elements (~5e-4 each), and
+    the SEANet decoder's convolutions carry that on as they carry eager TF32's own rounding.
+    The fused path is then held to the eager path's own TF32 noise, measured here against a
+    third codec on the same weights that runs fp32 convolutions on the same pcm and codes:
+    the audio error and the share of differing codes may be twice that floor (two
+    independent noises of one size differ by ~1.4 times it), or the fp32 bounds if larger.
+    (The first GPU run, whose fused RVQ projected in fp32 against eager TF32, failed the
+    fixed bound in TF32: 8.2e-4 and 2 of 2016 codes.)"""
     device = torch.device("cuda")
     slots, frames = 4, 63
-    eager, fused = codec_pair(moshiko().mimi, slots, device)
-    pcm_in = torch.zeros(slots, FRAME, device=device)
-    codes_in = torch.zeros(slots, 8, dtype=torch.long, device=device)
-    with torch.no_grad():
-        encode, fused_codes = _graph(fused.encode, pcm_in)
-        decode, fused_audio = _graph(fused.decode, codes_in)
-        everyone = torch.ones(slots, dtype=torch.bool, device=device)
-        fused.reset_encoder(everyone)  # the warm-up calls advanced the state
-        fused.reset_decoder(everyone)
-        pcm = tones_and_noise(slots, frames, seed=2).to(device)
-        equal, got_audio, want_audio = 0, [], []
-        for t in range(frames):
-            pcm_in.copy_(pcm[:, t * FRAME : (t + 1) * FRAME])
-            encode.replay()
-            codes = eager.encode(pcm_in)
-            equal += int((fused_codes == codes).sum())
-            codes_in.copy_(codes)
-            decode.replay()
-            want_audio.append(eager.decode(codes))
-            got_audio.append(fused_audio.clone())
-    agreement = equal / (slots * frames * 8)
-    error = _relative(torch.cat(got_audio, dim=1), torch.cat(want_audio, dim=1))
-    print(f"codes agreement {agreement:.5f}, audio relative error {error:.2e}")
-    assert agreement >= 0.999, agreement
-    assert error <= AUDIO_TOLERANCE, error
+    config = moshiko().mimi
+    with _cudnn_tf32(tf32):
+        eager, fused = codec_pair(config, slots, device)
+        reference = MimiCodec(config, slots, device, fused=False)  # fp32 convolutions
+        reference.load_state_dict(eager.state_dict())
+        reference.eval()
+        pcm_in = torch.zeros(slots, FRAME, device=device)
+        codes_in = torch.zeros(slots, 8, dtype=torch.long, device=device)
+        with torch.no_grad():
+            encode, fused_codes = _graph(fused.encode, pcm_in)
+            decode, fused_audio = _graph(fused.decode, codes_in)
+            everyone = torch.ones(slots, dtype=torch.bool, device=device)
+            for codec in (fused, reference):  # the warm-up calls advanced the fused state
+                codec.reset_encoder(everyone)
+                codec.reset_decoder(everyone)
+            pcm = tones_and_noise(slots, frames, seed=2).to(device)
+            equal, floor_equal = 0, 0
+            got_audio, want_audio, floor_audio = [], [], []
+            for t in range(frames):
+                pcm_in.copy_(pcm[:, t * FRAME : (t + 1) * FRAME])
+                encode.replay()
+                codes = eager.encode(pcm_in)
+                equal += int((fused_codes == codes).sum())
+                codes_in.copy_(codes)
+                decode.replay()
+                want_audio.append(eager.decode(codes))
+                got_audio.append(fused_audio.clone())
+                with _cudnn_tf32(False):
+                    floor_equal += int((reference.encode(pcm_in) == codes).sum())
+                    floor_audio.append(reference.decode(codes))
+    total = slots * frames * 8
+    agreement, floor_agreement = equal / total, floor_equal / total
+    want = torch.cat(want_audio, dim=1)
+    error = _relative(torch.cat(got_audio, dim=1), want)
+    floor = _relative(torch.cat(floor_audio, dim=1), want)  # eager against fp32 eager
+    print(
+        f"tf32 {tf32}: codes agreement {agreement:.5f} (eager vs fp32 eager {floor_agreement:.5f}),"
+        f" audio relative error {error:.2e} (eager vs fp32 eager {floor:.2e})"
+    )
+    codes_bound, audio_bound = CODES_TOLERANCE, AUDIO_TOLERANCE
+    if tf32:
+        codes_bound = max(codes_bound, 2 * (1 - floor_agreement))
+        audio_bound = max(audio_bound, 2 * floor)
+    assert 1 - agreement <= codes_bound, (agreement, floor_agreement)
+    assert error <= audio_bound, (error, floor)

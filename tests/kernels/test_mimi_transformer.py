@@ -49,16 +49,24 @@ def _freqs(head_dim: int) -> torch.Tensor:
 STARTS = [0, 2, 4, 5, 6, 7, 131]
 
 
-@pytest.mark.parametrize(("capacity", "context"), [(8, 8), (8, 5), (250, 250)])
+@pytest.mark.parametrize(("capacity", "context"), [(8, 8), (8, 5), (40, 23), (250, 250)])
 @pytest.mark.parametrize("head_dim", [8, 64])
-def test_ring_attention_step_matches_reference(capacity: int, context: int, head_dim: int) -> None:
+@pytest.mark.parametrize(
+    ("block_n", "tiles_per_split"),
+    # the module's default; splits of one small tile (this step's keys in split 0 only, the
+    # others combined); splits of several tiles; one program walking the whole ring (direct)
+    [(None, None), (16, 1), (16, 2), (16, 16)],
+)
+def test_ring_attention_step_matches_reference(
+    capacity: int, context: int, head_dim: int, block_n: int | None, tiles_per_split: int | None
+) -> None:
     heads = 2
     qkv, keys, values, start = _step_inputs(STARTS, heads, head_dim, capacity, seed=capacity)
     positions = start[:, None] + torch.arange(2, device=DEVICE)
     cos, sin = rope_tables(positions, _freqs(head_dim))
     want_keys, want_values = keys.clone(), values.clone()
     want = ring_attention_step_reference(qkv, cos, sin, want_keys, want_values, start, context)
-    got = ring_attention_step(qkv, cos, sin, keys, values, start, context)
+    got = ring_attention_step(qkv, cos, sin, keys, values, start, context, block_n, tiles_per_split)
     assert torch.allclose(keys, want_keys, atol=1e-6, rtol=0)
     assert torch.equal(values, want_values)
     assert torch.allclose(got, want, atol=1e-5, rtol=1e-5), (got - want).abs().max()
