@@ -25,7 +25,9 @@ bench/results/engine_stages_layer_kernels.json) went from 1497 to 466 kernels, 4
 at 1 slot and 5.78 to 2.18 ms at 128 slots (in the same run with `fused` off: 4.13 and
 5.40 ms). That is 48 launches more than predicted, one per layer and step, at 1 and at 128 slots:
 not identified yet (the bench now records the most launched kernel names per stage; the run
-that made the JSON predates that). On the same GPU the fused model passed
+that made the JSON predates that). Likely a second launch inside one of the four GEMMs of a
+layer step (a split-K reduction): the count does not change with the slot count, and the
+torch path's 1497 is about as far above its own launch tally. On the same GPU the fused model passed
 tests/engine/test_graph_executor.py (graph tokens = eager tokens) and the 7B bf16 logits test
 of tests/engine/models/moshi/test_gpu_7b.py; the fp32 7B token test was not run.
 """
