@@ -88,7 +88,8 @@ def fill_rings(model: MoshiModel) -> None:
     transformer = model.lm.transformer
     for ring in (transformer.keys, transformer.values):
         for layer in range(ring.shape[0]):
-            ring[layer].copy_(torch.randn(ring.shape[1:], device=ring.device))
+            for block in torch.split(ring[layer], 32):  # small temporaries: memory is tight
+                block.copy_(torch.randn(block.shape, device=ring.device, dtype=torch.bfloat16))
     slots = transformer.positions.shape[0]
     transformer.positions.copy_(torch.arange(slots, device="cuda") + 3 * CONTEXT)
 

@@ -69,7 +69,6 @@ FP8_SWEEP = [
     (64, 4, 2, 4),
     (64, 2, 3, 4),
     (128, 4, 2, 4),
-    (32, 1, 3, 4),
 ]
 FP8_TOLERANCE = 1e-2  # relative error against the fp32 reference of the dequantized rings
 Config = tuple[int, int, int, int]
@@ -104,15 +103,15 @@ def graph_ms(fn: Callable[[], object], replays: int = REPLAYS) -> float:
         graph.replay()
     times = []
     for _ in range(replays):
-        begin = torch.cuda.Event(enable_timing=True)
-        end = torch.cuda.Event(enable_timing=True)
+        begin = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call,unused-ignore]
+        end = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call,unused-ignore]
         begin.record()
         graph.replay()
         end.record()
         end.synchronize()
         times.append(begin.elapsed_time(end))
     del graph
-    return statistics.median(times)
+    return float(statistics.median(times))
 
 
 def ceilings_gbs() -> tuple[float, float]:

@@ -49,7 +49,8 @@ class Run:
         streams = user.shape[0]
         self.user = user  # [streams, 8], the step's input (written before each step)
         self.logits = torch.zeros(streams, lm.config.text_card, device=user.device)
-        self.frame = torch.zeros(streams, 1 + lm.config.audio_codebooks, device=user.device)
+        codes = 1 + lm.config.audio_codebooks
+        self.frame = torch.zeros(streams, codes, dtype=torch.long, device=user.device)
         lm.text_linear.register_forward_hook(self._keep_logits)
         self.no_reset = torch.zeros(streams, dtype=torch.bool, device=user.device)
         self.graph: torch.cuda.CUDAGraph | None = None

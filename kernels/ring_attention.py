@@ -21,23 +21,21 @@ them once at full bandwidth:
 - pass 2, grid (slots * heads,): rescales the partials to the common max and normalises.
   Two launches and no atomics: the result does not depend on the order programs finish in.
 
-Measured on one H200 (bench/kernels_ring_attention.py, bench/results/kernels_ring_attention.json,
-bf16, 32 heads x 128, 1500-frame rings, per layer): with every entry valid, 17.8 us at 1 slot
-(torch SDPA with the ring mask: 20.8) and 1072 us at 128 slots = 2.9 TB/s, 67% of a 4.4 TB/s
-read; SDPA's masked kernel reads the same rings at 4.4 TB/s (719 us), so at full rings this
-kernel loses. With 51 valid frames per ring it takes 77 us at 128 slots (SDPA still 719).
-Pass 1 once did the tile reductions on the CUDA cores (elementwise products and sums): 1167 us
-at 128 slots, and as slow on nearly empty rings; block 32 x 4 warps beat 64 and 128 at every
-slot count. fp8 e4m3 rings (per-entry scales) halve the bytes but ran slower (1834 us at 128
-slots: the fp8 -> bf16 conversion in front of the dot), at 3.7e-2 relative error on random
-rings: an option to develop, not to serve.
+fp8 e4m3 rings (attention.py's quantize_kv: a bf16 scale per entry) are read as fp16: an
+e4m3 pair widens to fp16 in one instruction (to bf16 it takes several), q is divided by its
+largest magnitude and rounded to fp16, the key scales multiply the scores after the QK dot,
+and the value scales weigh the softmax weights (relative to the tile's largest, which
+multiplies the PV product) so no tile is converted to the query's dtype before a dot.
 
-Not yet timed: the age test that replaced a 64-bit modulo per entry in the loop. ptxas (sm_90,
-block 32 x 4 warps, bf16) reports 96 registers and 888 instructions against 116 and 1312 with
-16 calls to the 64-bit division routine before. The loop (282 instructions and 9 block
-barriers per tile) is latency-bound: a few us per tile, ~5 programs per SM. Fewer
-instructions and one more resident program per SM should bring 1072 us toward ~850 at 128
-slots, still short of SDPA's 719.
+Measured on one H200 (bench/kernels_ring_attention.py; 32 heads x 128, 1500-frame rings, every
+entry valid, per layer), bf16 rings (bench/results/kernels_ring_attention_full_rings.json):
+12.5 us at 1 slot (torch SDPA with the ring mask: 20.5), 708 us at 128 slots = 4.44 TB/s,
+level with SDPA's 720 us and with a plain 4 GiB read (4.39 TB/s); 46 us at 128 slots with 51
+valid frames per ring (SDPA reads the whole ring whatever it holds). The best program is
+block 32 x 4 warps, 3 stages at 128 slots, block 16 x 1 warp at 1 to 32 slots. In that run the
+fp8 path still converted each tile to bf16 before the dot: 752 us at 128 slots (2.2 TB/s of
+fp8 bytes), slower per byte than bf16. The fp16 path's numbers are in
+bench/results/kernels_ring_attention_fp8.json (docs/kv-cache.md).
 
 The launcher asserts shapes, dtypes, strides and devices, allocates only buffers whose size is
 fixed by the shapes, and never reads device values on the host: it can be captured in a CUDA

@@ -3,8 +3,11 @@
 Pre-norm layers (RMSNorm fp32, eps 1e-8), RoPE attention over a per-slot KV ring of
 `context` frames, SiLU-gated FFN, no biases. State, allocated once for all slots:
 
-    keys, values: [layers, slots, heads, context, head_dim]   model dtype
+    keys, values: [layers, slots, heads, context, head_dim]   model dtype, or fp8 e4m3
+    key_scale, value_scale: bf16 [layers, slots, heads, context]  (fp8 rings only)
     positions:    int64 [slots]   frames this call has been through (RoPE position)
+
+`kv_dtype` float8_e4m3fn halves the rings (docs/kv-cache.md: layout, memory, fidelity).
 
 Unlike Kyutai's reference (a fixed 3000-frame ring per call, 4 minutes), the ring length is the
 configured context (default 1500 frames = 2 minutes); within it the outputs are the same.
