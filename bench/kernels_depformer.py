@@ -93,7 +93,7 @@ def build(slots: int) -> Depformer:
             param.copy_((1.0 if name.endswith("alpha") else 0.0) + noise * scale)
     if hasattr(depformer, "fused"):
         depformer.fused = False  # the plain torch path (see the module docstring)
-    return depformer
+    return depformer.requires_grad_(False)
 
 
 def weight_bytes(depformer: Depformer) -> int:

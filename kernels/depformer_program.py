@@ -158,7 +158,12 @@ def _choose(  # type: ignore[no-untyped-def,unused-ignore]
     return token
 
 
-@triton.jit  # type: ignore[untyped-decorator,unused-ignore]
+# Triton specialises integer arguments equal to 1 or divisible by 16 into separate compiled
+# kernels (tens of seconds of compiling each); none of these needs it.
+_RUNTIME_INTS = ["batch", "slots", "programs", "greedy", "top_k"]
+
+
+@triton.jit(do_not_specialize=_RUNTIME_INTS)  # type: ignore[untyped-decorator,unused-ignore]
 def _depformer_kernel(  # type: ignore[no-untyped-def,unused-ignore]
     hidden_ptr,  # [B, dim]
     text_ptr,  # int64 [B]
@@ -558,6 +563,8 @@ def depformer_program(
     assert batch <= slots, (batch, slots)
     for size in (dim, dep_dim, ffn_hidden):
         assert size % BLOCK_K == 0, f"width {size} must divide by BLOCK_K {BLOCK_K}"
+        # Triton 3.6's software pipeliner crashed (sm_90) when dep_dim was one K block
+        assert size >= 2 * BLOCK_K, f"width {size} must span two BLOCK_K {BLOCK_K} at least"
     for size in (dep_dim, ffn_hidden, card):
         assert size % BLOCK_N == 0, f"width {size} must divide by BLOCK_N {BLOCK_N}"
     for size in (card, heads, head_dim, dep_dim):
