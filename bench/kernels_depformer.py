@@ -8,9 +8,14 @@ a CUDA graph and timed over replays (median of CUDA-event times of single replay
 with the audio default sampling (temperature 0.8, top-k 250). The torch path is
 Depformer.forward with its plain torch ops (`fused = False` where the module has that switch,
 the ~1500-kernel path of bench/engine_stages.py). GB/s counts the weight bytes a tick reads
-once (all steps' matrices and the used embedding rows aside). Also: the cost of the program's
-257 grid barriers alone (a kernel that only synchronises, same grid), and the fraction of
-greedy tokens equal to the torch path's.
+once (all steps' matrices and the used embedding rows aside). Every program tile of SWEEP is
+timed at every slot count ("best": the fastest greedy one). Also: the cost of a grid barrier
+alone (a kernel that only synchronises, same grid), and the fraction of greedy tokens equal
+to the torch path's.
+
+results/kernels_depformer.json came from this bench's first version (one tile config, the
+module's default; greedy and sampling per slot count): its run stopped at a 75 s limit after
+the 1-slot row. This version has not run yet.
 """
 
 import argparse
@@ -27,6 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch
 import triton  # type: ignore[import-not-found,import-untyped,unused-ignore]
 
+import kernels.depformer_program as program
 from engine.models.moshi.config import moshiko
 from engine.models.moshi.depformer import Depformer
 from engine.models.moshi.sampling import AUDIO_DEFAULT, Sampling
@@ -35,6 +41,17 @@ from kernels.depformer_program import depformer_program, grid_sync, prepare_prog
 log = logging.getLogger("kernels_depformer")
 GREEDY = Sampling(greedy=True, temperature=1.0, top_k=1)
 REPLAYS = 50
+# program tiles timed at every slot count: (BLOCK_M, BLOCK_N, BLOCK_K, warps, stages). The
+# first is the module's default, the one timed in results/kernels_depformer.json; the others
+# put more weight bytes in flight per program (fewer, longer K blocks; 16-row A tiles when
+# slots are few). Each compiles once (tens of seconds).
+SWEEP = [
+    (64, 32, 64, 4, 3),
+    (16, 32, 256, 4, 3),
+    (64, 32, 256, 4, 3),
+    (16, 32, 128, 4, 4),
+]
+Config = tuple[int, int, int, int, int]
 
 
 @triton.jit  # type: ignore[untyped-decorator,unused-ignore]
@@ -114,32 +131,49 @@ def barrier_us(barriers: int) -> float:
     return 1000 * statistics.median(times) / barriers
 
 
-def row(depformer: Depformer, slots: int, read_gbs_bytes: int) -> dict[str, Any]:
+def use_config(config: Config) -> None:
+    """Make `config` the program's tiles (read at each launch)."""
+    (program.BLOCK_M, program.BLOCK_N, program.BLOCK_K, program.NUM_WARPS,
+     program.NUM_STAGES) = config  # fmt: skip
+
+
+def config_name(config: Config) -> str:
+    return "m{}_n{}_k{}_w{}_s{}".format(*config)
+
+
+def row(depformer: Depformer, slots: int, read_bytes: int) -> dict[str, Any]:
     generator = torch.Generator(device="cuda").manual_seed(slots)
     hidden = torch.randn(slots, 1, 4096, generator=generator, device="cuda").bfloat16()
     text = torch.randint(0, 32001, (slots,), generator=generator, device="cuda")
-    result: dict[str, Any] = {"slots": slots}
-    for label, how in (("greedy", GREEDY), ("sampling", AUDIO_DEFAULT)):
+    result: dict[str, Any] = {"slots": slots, "torch": {}, "program": {}}
+    ways = (("greedy", GREEDY), ("sampling", AUDIO_DEFAULT))
 
-        def torch_path(how: Sampling = how) -> object:
-            return depformer(hidden, text, how, None)
+    def torch_path(how: Sampling) -> Callable[[], object]:
+        return lambda: depformer(hidden, text, how, None)
 
-        def program(how: Sampling = how) -> object:
-            return depformer_program(depformer, hidden, text, how, None)
+    def program_path(how: Sampling) -> Callable[[], object]:
+        return lambda: depformer_program(depformer, hidden, text, how, None)
 
-        torch_times = graph_ms(torch_path)
-        program_times = graph_ms(program)
-        torch_ms = statistics.median(torch_times)
-        program_ms = statistics.median(program_times)
-        result[label] = {
-            "torch": summary(torch_times),
-            "program": summary(program_times),
-            "speedup": round(torch_ms / program_ms, 2),
-            "program_weight_gbs": round(read_gbs_bytes / program_ms / 1e6, 1),
-        }
-    got = depformer_program(depformer, hidden, text, GREEDY, None)
-    want = depformer(hidden, text, GREEDY, None)
-    result["greedy_tokens_equal"] = round(float((got == want).float().mean()), 4)
+    for label, how in ways:
+        result["torch"][label] = summary(graph_ms(torch_path(how)))
+    for config in SWEEP:
+        use_config(config)
+        timed: dict[str, Any] = {}
+        for label, how in ways:
+            times = graph_ms(program_path(how))
+            timed[label] = summary(times)
+            timed[label]["weight_gbs"] = round(read_bytes / statistics.median(times) / 1e6, 1)
+        got = depformer_program(depformer, hidden, text, GREEDY, None)
+        want = depformer(hidden, text, GREEDY, None)
+        timed["greedy_tokens_equal"] = round(float((got == want).float().mean()), 4)
+        result["program"][config_name(config)] = timed
+    best = min(result["program"], key=lambda name: result["program"][name]["greedy"]["median_ms"])
+    result["best"] = best
+    for label, _ in ways:
+        torch_ms = result["torch"][label]["median_ms"]
+        result[f"speedup_{label}"] = round(
+            torch_ms / result["program"][best][label]["median_ms"], 2
+        )
     return result
 
 
@@ -174,14 +208,15 @@ def main() -> int:
         if args.json:
             args.json.write_text(json.dumps(result, indent=1))
     print(f"barrier: {result['barrier_us']} us each")
-    print(f"{'slots':>5} {'way':>8} {'torch ms':>9} {'program ms':>11} {'x':>6} {'GB/s':>7}")
+    print(f"{'slots':>5} {'way':>8} {'torch ms':>9} {'program ms':>11} {'x':>6} {'GB/s':>7}  best")
     for entry in result["rows"]:
+        best = entry["best"]
         for label in ("greedy", "sampling"):
-            line = entry[label]
+            line = entry["program"][best][label]
             print(
-                f"{entry['slots']:>5} {label:>8} {line['torch']['median_ms']:>9.3f} "
-                f"{line['program']['median_ms']:>11.3f} {line['speedup']:>6.2f} "
-                f"{line['program_weight_gbs']:>7.0f}"
+                f"{entry['slots']:>5} {label:>8} {entry['torch'][label]['median_ms']:>9.3f} "
+                f"{line['median_ms']:>11.3f} {entry[f'speedup_{label}']:>6.2f} "
+                f"{line['weight_gbs']:>7.0f}  {best}"
             )
     return 0
 
