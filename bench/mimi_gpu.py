@@ -9,6 +9,12 @@ as bench/engine_stages.py's mimi_encode / mimi_decode rows do: each stage captur
 CUDA graph, median and p99 ms of 50 replays after 5, and the kernels one eager run launches
 (torch profiler). Also recorded: the first fused call's time (Triton's JIT compiles there,
 before any capture) and, at the largest slot count, the fused stages' ten costliest kernels.
+Every transformer starts at STEADY_POSITION, past its ring, so attention reads full rings.
+
+First (unless --no-sweep) it times kernels/mimi_transformer.py's ring_attention_step alone,
+per slot count and program shape (SHAPES: block, tiles per split, warps), and runs the codec
+with the shape of least total time at 128 slots and more; the JSON keeps the sweep and the
+shape used. The module's defaults are set from the committed run by hand.
 """
 
 import argparse

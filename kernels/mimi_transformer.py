@@ -5,14 +5,21 @@ write ~6, the mask and SDPA a few more, layer scale and residual 2 each), most o
 KiB of data, so a layer costs ~2.5 us per launch rather than its arithmetic. Two kernels take
 over everything between the matrix products:
 
-- `ring_attention_step`: one program per (slot, head) rotates this step's q and k (interleaved
-  RoPE from per-token cos/sin tables the caller computes once per step for all layers), writes
-  k and v into the slot's ring at positions start..start+T-1, then attends the T queries over
-  the ring with an online softmax in tiles of BLOCK_N entries. The ring layout and validity
-  rule are engine/models/moshi/attention.py's (entry j holds the newest position p = j mod
-  capacity up to the last query; a query attends p >= 0 within `context` and not after it).
-  The program's own stores are read back after a block barrier, so the queries see this
-  step's keys.
+- `ring_attention_step`: RoPE, ring write and attention of one step, flash-decoding style.
+  The ring layout and validity rule are engine/models/moshi/attention.py's (entry j holds the
+  newest position p = j mod capacity up to the last query; a query attends p >= 0 within
+  `context` and not after it). Grid (slots * heads, splits): every program of a (slot, head)
+  rotates this step's q and k (interleaved RoPE from per-token cos/sin tables the caller
+  computes once per step for all layers) and keeps them in registers; split 0 alone writes k
+  and v into the ring at positions start..start+T-1 and attends the T queries to them from
+  registers (causally), while each split attends the older entries of its own run of
+  `TILES_PER_SPLIT` tiles of BLOCK_N entries, never this step's, so no program reads an entry
+  another one writes. Each keeps an online softmax (base-2, log2(e) folded into the scale)
+  and stores its partial (max, sum, acc) per query; a second launch, one program per
+  (slot, head), rescales the partials to their common max and normalises (no atomics: the
+  result does not depend on the order programs finish in). With one split the first launch
+  normalises and writes the output itself. In a call younger than the ring the visible
+  entries form one unwrapped run of indices and tiles outside it are skipped.
 
       qkv:          fp32 [slots, T, 3 * heads * head_dim]   the in_proj output, [q | k | v]
       cos, sin:     fp32 [slots, T, head_dim / 2]
@@ -25,15 +32,39 @@ over everything between the matrix products:
 
 Measured on one H200 (bench/mimi_gpu.py, bench/results/mimi_gpu.json; with the rest of the
 fused codec): the encode stage fell from 714 to 197 kernels and the decode from 606 to 179.
-At 300 slots the attention kernel is the slow part: 3.27 ms for 8 layers = 408 us per layer
-for 307 MB of K+V (0.75 TB/s), since one program per (slot, head) walks its 4 tiles in series
-with CUDA-core reductions. Predicted, not measured: splitting the ring over programs (as
-kernels/ring_attention.py does, the current step's keys taken from registers instead of
-read back) should bring it near 0.1 ms per layer.
+At 300 slots the first form of the attention kernel, one program per (slot, head) walking
+its 4 tiles of 64 in series and reading this step's keys back after a barrier, was the slow
+part: 3.27 ms for 8 layers = 408 us per layer for 307 MB of K+V (0.75 TB/s).
 
-Each launcher asserts shapes, dtypes and strides, allocates only outputs of fixed size, and
-never reads device values on the host, so it can be captured in a CUDA graph. Sums run in a
-different order than torch's kernels: results agree to fp32 rounding, not bit for bit
+Predicted before the split form ran: with one tile per program (4 splits of 64 entries,
+9600 programs at 300 slots), each program's K and V loads (32 KiB) are in flight together and
+every SM holds several programs, so the layer should read its rings at 2.5-3 TB/s: ~110 us
+per layer at 300 slots, ~50 at 128, and the encode and decode stages ~2.4 ms faster at 300
+slots. ptxas (sm_90, triton 3.9 here) gives the 64 x 4-warp program 198 registers and no
+spills (2 programs per SM), 32 x 4 warps 150, 32 x 8 warps 103; 64 x 2 and 128 x 4 spill.
+
+Measured (python3 bench/mimi_gpu.py --slots 1,128,300, H200, triton 3.6, full rings; us per
+layer, the kernel alone in a CUDA graph), block x tiles per split x warps:
+
+    slots   16x1x4   32x1x4   32x1x8   64x1x4   64x1x8   32x2x4   64x4x4 (unsplit)
+    1         5.1      5.9      6.1      7.9      7.5      8.3     17.3
+    128     134.4    113.4    153.2    110.9    175.8    100.4     92.7
+    300     314.0    268.7    371.0    260.5    427.0    228.2    210.9  (1.46 TB/s)
+
+The prediction was wrong: splitting lost at 128 and 300 slots (1024 and 2400 unsplit
+programs already fill the chip, 2 per SM at 198 registers) since every split loads and
+rotates q and k again, stores partials and needs the combine launch; fewer tiles per program
+was slower each time. The unsplit program of this form still halves the first one (408 ->
+211 us at 300 slots; in the codec 3.27 -> 1.71 ms for 8 layers): K and V come as contiguous
+rows (RoPE interleaved in registers, not two strided half-loads), both tiles are loaded
+before any arithmetic, and nothing waits on a barrier to read this step's keys back. It is
+the default; at 1 slot (8 programs) splits win instead (17.3 -> 5.1 us per layer), which the
+defaults do not yet choose. Still 3x short of the 4.8 TB/s read: the tile products live as
+[T, 64, 64] registers, so only 2 programs fit an SM.
+
+Each launcher asserts shapes, dtypes and strides, allocates only buffers whose size the
+shapes fix, and never reads device values on the host, so it can be captured in a CUDA graph.
+Sums run in a different order than torch's kernels: results agree to fp32 rounding, not bit for bit
 (tests/kernels/test_mimi_transformer.py bounds it; tests/kernels/test_mimi_codec.py compares
 the codes of the whole codec).
 """
@@ -47,10 +78,12 @@ from torch import Tensor
 from torch.nn import functional
 
 # The step kernel's shape, module-level and read at each launch, so that bench/mimi_gpu.py can
-# sweep them and run the codec with the best.
-BLOCK_N = 64  # ring entries per tile: [T, 64, 64] fp32 products fit 4 warps' registers
+# sweep them and run the codec with the best. Measured best at 128 and 300 slots (H200, full
+# 250-frame rings, bench/results/mimi_gpu.json's attention_sweep): one program per
+# (slot, head) walking 4 tiles of 64, no split.
+BLOCK_N = 64  # ring entries per tile: 64 x 64 fp32 K and V tiles in 4 warps' registers
 NUM_WARPS = 4
-TILES_PER_SPLIT = 1  # tiles one program walks; the ring is split over ceil(tiles / this)
+TILES_PER_SPLIT = 4  # tiles one program walks; the ring is split over ceil(tiles / this)
 # a running max below any real score but finite: a fully masked tile rescales by exp2(0) = 1
 EMPTY_MAX = -1.0e30
 

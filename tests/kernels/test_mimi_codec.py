@@ -118,7 +118,13 @@ def test_fused_codec_in_cuda_graphs_matches_eager_on_gpu(tf32: bool) -> None:
     the audio error and the share of differing codes may be twice that floor (two
     independent noises of one size differ by ~1.4 times it), or the fp32 bounds if larger.
     (The first GPU run, whose fused RVQ projected in fp32 against eager TF32, failed the
-    fixed bound in TF32: 8.2e-4 and 2 of 2016 codes.)"""
+    fixed bound in TF32: 8.2e-4 and 2 of 2016 codes.)
+
+    Measured (H200, torch 2.11, triton 3.6; `python3 -m pytest -q -s
+    tests/kernels/test_mimi_codec.py`): fp32 convolutions, every code equal and audio error
+    1.39e-6; TF32, every code equal (eager against fp32 eager: 9 of 2016 differ) and audio
+    error 5.92e-4 (eager against fp32 eager: 8.46e-4). The fused RVQ now sums codewords
+    bit-identically, so the 5.9e-4 is the transformers' fp32 rounding made TF32 noise."""
     device = torch.device("cuda")
     slots, frames = 4, 63
     config = moshiko().mimi

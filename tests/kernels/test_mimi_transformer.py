@@ -53,9 +53,9 @@ STARTS = [0, 2, 4, 5, 6, 7, 131]
 @pytest.mark.parametrize("head_dim", [8, 64])
 @pytest.mark.parametrize(
     ("block_n", "tiles_per_split"),
-    # the module's default; splits of one small tile (this step's keys in split 0 only, the
-    # others combined); splits of several tiles; one program walking the whole ring (direct)
-    [(None, None), (16, 1), (16, 2), (16, 16)],
+    # the module's default (unsplit at 250 entries); splits of one tile (this step's keys in
+    # split 0 only, the others combined); of several tiles; one program over the whole ring
+    [(None, None), (64, 1), (16, 1), (16, 2), (16, 16)],
 )
 def test_ring_attention_step_matches_reference(
     capacity: int, context: int, head_dim: int, block_n: int | None, tiles_per_split: int | None

@@ -10,13 +10,17 @@ frame, one step after its encoder (the LM emits nothing at step 0).
 
 `fused` (default: on CUDA) runs the transformers and the RVQ through the Triton kernels of
 kernels/mimi_transformer.py and kernels/mimi_rvq.py; the SEANet convolutions stay eager.
-Measured on one H200, each stage its own CUDA graph (python3 bench/mimi_gpu.py --slots
-1,128,300; bench/results/mimi_gpu.json), eager -> fused, median ms (kernels):
+Measured on one H200, each stage its own CUDA graph, every transformer at a full 250-frame
+ring (python3 bench/mimi_gpu.py --slots 1,128,300; bench/results/mimi_gpu.json), eager ->
+fused, median ms (kernels):
 
     slots   encode                       decode
-    1       1.86 (714) -> 0.99 (197)     1.88 (606) -> 0.96 (179)
-    128     4.56 (746) -> 3.58 (229)     4.63 (642) -> 3.72 (218)
-    300     8.21 (739) -> 7.52 (224)     8.55 (635) -> 7.86 (209)
+    1       1.86 (714) -> 0.89 (197)     1.80 (606) -> 0.86 (180)
+    128     4.56 (746) -> 2.93 (229)     4.56 (642) -> 3.00 (216)
+    300     8.22 (739) -> 5.87 (222)     8.49 (635) -> 6.17 (209)
+
+(The first fused form, before ring_attention_step's rewrite, whose cost did not depend on
+the ring's age: 0.99, 3.58 and 7.52 ms to encode, 0.96, 3.72 and 7.86 to decode.)
 
 The options weighed: hand-written kernels where the launches are (the transformers: ~450 of
 the 714 encode kernels; the RVQ: ~100), chosen because they can be checked on CPU in
@@ -24,7 +28,7 @@ Triton's interpreter and need no compile step at start-up (the first fused call,
 JIT, took 1.7 s). torch.compile (inductor) of encode / decode was predicted to fuse as many
 launches and the SEANet glue as well, at a cold compile of tens of seconds per slot count
 at start-up; it was not measured (the device time for this work, 180 s, did not allow it).
-Left, by the profile at 300 slots: the attention kernel (3.3 ms of 7.5, see its module), the
+Left, by the profile at 300 slots: the attention kernel (1.7 ms of 5.9, see its module), the
 SEANet state copies, cuDNN layout conversions and ELUs (~1.5 ms), and the fp32 SIMT GEMMs.
 """
 
