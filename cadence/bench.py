@@ -9,6 +9,10 @@ nodes) and GPU memory. The verdict is zero misses or not; nothing is extrapolate
 runs one engine per call count, ascending, and reports the largest count with zero misses.
 Attention skips the ring entries a young call has not written, so only a run longer than the KV
 context (2 minutes by default) measures the worst case, every ring full: the default is 130 s.
+`--full-context` gets there at once: the engine (started with --test-hooks) ages every call's
+contexts to full before its first counted ticks (AgeableModel), so a 40 s run costs per tick what
+calls two minutes in do; the ring contents are then whatever the slots hold, which changes no
+cost.
 
 Results are written as JSON with the machine, versions and the command.
 """
@@ -34,6 +38,7 @@ from engine.control import ask
 log = logging.getLogger(__name__)
 
 PROGRESS_EVERY_S = 10.0
+AGE_AFTER_S = 0.5  # after the last open, before aging: several ticks, so every call has reset
 
 
 def _versions() -> dict[str, str]:
@@ -59,11 +64,13 @@ def bench_engine(args: argparse.Namespace, engine_argv: Callable[[int], list[str
         "command": " ".join(["cadence", *sys.argv[1:]]),
         "machine": _versions(),
         "seconds": args.seconds,
+        "full_context": args.full_context,
         "runs": [],
         "largest_zero_miss_calls": None,
     }
     for calls in counts:
-        run = _hold_calls(calls, args.seconds, args.ready_timeout, engine_argv(calls))
+        argv = engine_argv(calls) + (["--test-hooks"] if args.full_context else [])
+        run = _hold_calls(calls, args, argv)
         result["runs"].append(run)
         if run.get("zero_misses"):
             result["largest_zero_miss_calls"] = calls
@@ -78,10 +85,10 @@ def bench_engine(args: argparse.Namespace, engine_argv: Callable[[int], list[str
     return 0 if result["largest_zero_miss_calls"] == counts[-1] else 3
 
 
-def _hold_calls(
-    calls: int, seconds: float, ready_timeout: float, engine_argv: list[str]
-) -> dict[str, Any]:
-    """Start an engine, open `calls` calls, tick for `seconds`, read the counters back."""
+def _hold_calls(calls: int, args: argparse.Namespace, engine_argv: list[str]) -> dict[str, Any]:
+    """Start an engine, open `calls` calls (aged to a full context with --full-context), tick
+    for --seconds, read the counters back."""
+    seconds: float = args.seconds
     runtime = Path(tempfile.mkdtemp(prefix="cadence-bench-"))
     control = runtime / "engine.sock"
     cmd = [
@@ -95,7 +102,7 @@ def _hold_calls(
     ]
     engine = subprocess.Popen(cmd)
     try:
-        deadline = time.monotonic() + ready_timeout
+        deadline = time.monotonic() + args.ready_timeout
         status: dict[str, Any] | None = None
         while status is None or status.get("state") != "ready":
             if engine.poll() is not None or time.monotonic() > deadline:
@@ -110,6 +117,11 @@ def _hold_calls(
                 if not reply.get("ok"):
                     log.error("call %d refused: %s", i, reply.get("reason"))
                     return {"calls": calls, "error": f"call {i} refused: {reply.get('reason')}"}
+            if args.full_context:
+                time.sleep(AGE_AFTER_S)  # every call through its first (resetting) tick
+                reply = ask(sock, {"op": "age"})
+                if not reply.get("ok"):
+                    return {"calls": calls, "error": f"age refused: {reply}"}
             log.info("%d calls open; ticking for %.0f s", calls, seconds)
             end = time.monotonic() + seconds
             while time.monotonic() < end:

@@ -267,6 +267,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="call counts to try, e.g. 280,300,320 (one engine each, ascending, stopping at the "
         "first that misses a deadline); default: --slots",
     )
+    bench_engine.add_argument(
+        "--full-context",
+        action="store_true",
+        help="age every call's attention context to full first (the engine gets --test-hooks): "
+        "the per-tick cost of calls two minutes in, without the two minutes",
+    )
     bench_engine.add_argument("--json", type=Path, help="write the result here too")
     bench_engine.add_argument(
         "--ready-timeout", type=float, default=600.0, help="seconds to wait for the engine"

@@ -9,6 +9,8 @@ Requests and replies, one JSON object per line:
     {"op": "status"}                        -> {"ok": true, "state": ..., "calls": [...], ...}
     {"op": "stall", "seconds": S}           -> {"ok": true} | {"ok": false, "reason":
                                                "test_hooks_disabled"}  (0 < S <= 10)
+    {"op": "age"}                           -> {"ok": true} | {"ok": false, "reason":
+                                               "test_hooks_disabled" | "bad_request"}
     anything else                           -> {"ok": false, "reason": "bad_request", ...}
 
 It runs on its own thread, never on the tick thread. When a connection closes, every slot it
@@ -18,7 +20,9 @@ outgrows the socket buffer) delays only itself, never another gateway's admissio
 lets more than MAX_PENDING_BYTES of replies pile up is disconnected.
 
 `stall` makes the next tick late on purpose, so an integration test can cause a real deadline
-miss; it is refused unless the engine was started with --test-hooks.
+miss; `age` makes every live call's attention context count as full before the next step (a
+benchmark of calls two minutes in, without waiting two minutes). Both are refused unless the
+engine was started with --test-hooks.
 """
 
 import json
@@ -38,8 +42,15 @@ MAX_LINE_BYTES = 64 * 1024
 MAX_PENDING_BYTES = 16 * 1024 * 1024  # unread replies one connection may hold
 
 StatusFn = Callable[[], dict[str, Any]]
-StallFn = Callable[[float], None]
 MAX_STALL_S = 10.0
+
+
+class Hooks(Protocol):
+    """What the test-only ops do (the engine, when started with --test-hooks)."""
+
+    def stall(self, seconds: float) -> None: ...
+
+    def age(self) -> None: ...
 
 
 class AdmissionObserver(Protocol):
@@ -60,14 +71,14 @@ class ControlServer:
         hello: dict[str, Any],
         status: StatusFn,
         observer: AdmissionObserver,
-        stall: StallFn | None = None,
+        hooks: Hooks | None = None,
     ) -> None:
         self._path = path
         self._table = table
         self._hello = hello
         self._status = status
         self._observer = observer
-        self._stall = stall  # None unless test hooks are on
+        self._hooks = hooks  # None unless test hooks are on
         self._selector = selectors.DefaultSelector()
         self._buffers: dict[int, bytearray] = {}  # per connection: request bytes so far
         self._pending: dict[int, bytearray] = {}  # per connection: reply bytes not yet sent
@@ -190,17 +201,22 @@ class ControlServer:
                 return {"ok": True, "closed": closed}
             if op == "stall":
                 return self._stall_next_tick(float(request["seconds"]))
+            if op == "age":
+                if self._hooks is None:
+                    return {"ok": False, "reason": "test_hooks_disabled"}
+                self._hooks.age()
+                return {"ok": True}
             raise ValueError(f"unknown op {op!r}")
         except (ValueError, KeyError, TypeError) as exc:
             return {"ok": False, "reason": "bad_request", "detail": str(exc)}
 
     def _stall_next_tick(self, seconds: float) -> dict[str, Any]:
-        if self._stall is None:
+        if self._hooks is None:
             return {"ok": False, "reason": "test_hooks_disabled"}
         if not 0.0 < seconds <= MAX_STALL_S:
             raise ValueError(f"stall seconds must be in (0, {MAX_STALL_S:g}]")
         log.warning("test hook: stalling the next tick by %.3f s", seconds)
-        self._stall(seconds)
+        self._hooks.stall(seconds)
         return {"ok": True}
 
     def _open(self, call_id: str, owner: int) -> dict[str, Any]:

@@ -20,6 +20,7 @@ import numpy as np
 from engine.clock import TickClock, sleep_until
 from engine.executors import Executor
 from engine.metrics import EngineMetrics
+from engine.models.base import AgeableModel, Mask
 from engine.ring import EngineState, SharedRing, SlotState
 from engine.slots import Admission, SlotTable
 from engine.watchdog import StepWatchdog
@@ -63,6 +64,7 @@ class Engine:
         self.ticks_missed = 0
         self.recent_ticks_s: deque[float] = deque(maxlen=RECENT_TICKS)  # release -> published
         self.stall_next_tick_s = 0.0  # test hook: sleep this long inside the next tick
+        self.age_next_tick = False  # test hook: age every live call's context before the step
         self._call_ids = [""] * slots  # per slot, for exemplars; written by the control thread
         self._uplink_i16 = np.zeros((slots, samples), np.int16)
         self._pcm_in = np.zeros((slots, samples), np.float32)
@@ -117,6 +119,8 @@ class Engine:
         t_gathered = time.perf_counter()
 
         # step
+        if self.age_next_tick:
+            self._age_calls(live & ~reset)
         if self.watchdog is not None:
             self.watchdog.step_started(tick)
         out = self.executor.run(self._pcm_in, reset, live)
@@ -197,6 +201,20 @@ class Engine:
         """The first affected call's id: enough to go from a spike to one call's record."""
         call_id = self._call_ids[int(rows[0])] if rows.size else ""
         return {"call_id": call_id} if call_id else None
+
+    def age(self) -> None:
+        """Test hook (control thread): before the next step, age every live call's context to
+        full (see AgeableModel); refused for a model that cannot."""
+        if not isinstance(self.executor.model, AgeableModel):
+            raise ValueError(f"the {self.executor.model.name} model has no contexts to age")
+        self.age_next_tick = True
+
+    def _age_calls(self, rows: Mask) -> None:
+        model = self.executor.model
+        assert isinstance(model, AgeableModel)
+        model.age_contexts(rows)
+        self.age_next_tick = False
+        log.warning("test hook: aged %d calls' contexts to full", int(rows.sum()))
 
     def stall(self, seconds: float) -> None:
         """Test hook (only with --test-hooks): make the next tick late by `seconds`."""

@@ -70,8 +70,8 @@ def run_engine(config: EngineConfig) -> int:
             "frame_samples": model.frame.samples,
             "pid": os.getpid(),
         }
-        stall = engine.stall if config.test_hooks else None
-        control = ControlServer(config.control_path, table, hello, engine.status, engine, stall)
+        hooks = engine if config.test_hooks else None
+        control = ControlServer(config.control_path, table, hello, engine.status, engine, hooks)
         control.start()
         engine.run(stop)
         ring.set_engine_state(EngineState.DRAINING)

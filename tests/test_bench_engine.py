@@ -53,3 +53,31 @@ def test_bad_sweep_is_one_clear_error() -> None:
     assert done.returncode == 2
     assert "--sweep" in done.stderr
     assert "Traceback" not in done.stderr
+
+
+def test_full_context_on_a_model_without_contexts_is_an_error_not_a_result(
+    tmp_path: Path,
+) -> None:
+    out = tmp_path / "bench.json"
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "cadence",
+            "bench",
+            "engine",
+            "--model=echo",
+            "--slots=1",
+            "--seconds=1",
+            "--full-context",
+            "--metrics-port=0",
+            "--log-level=warning",
+            f"--json={out}",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 1, done.stderr
+    (run,) = json.loads(out.read_text())["runs"]
+    assert "age refused" in run["error"]

@@ -21,7 +21,7 @@ executors that keep device buffers copy at their own edge.
 """
 
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 import numpy as np
 from numpy.typing import NDArray
@@ -67,6 +67,17 @@ class Model(Protocol):
     def slots(self) -> int: ...
 
     def step(self, pcm_in: PcmBatch, reset: Mask, active: Mask) -> StepOutput: ...
+
+
+@runtime_checkable
+class AgeableModel(Model, Protocol):
+    """A model whose calls can be aged, for benchmarks only (`cadence bench engine
+    --full-context`): `age_contexts(rows)` makes those rows' attention contexts count as full,
+    as if each call had run for the whole context, so a short run costs per tick what a call
+    two minutes in does. Only positions move; the contents of the contexts are whatever they
+    hold."""
+
+    def age_contexts(self, rows: Mask) -> None: ...
 
 
 def check_step_inputs(model: Model, pcm_in: PcmBatch, reset: Mask, active: Mask) -> None:

@@ -46,8 +46,9 @@ def ask(
 
 
 def serve_control(path: Path, engine: Engine, hooks: bool) -> ControlServer:
-    stall = engine.stall if hooks else None
-    control = ControlServer(path, engine.table, {}, engine.status, engine, stall)
+    control = ControlServer(
+        path, engine.table, {}, engine.status, engine, engine if hooks else None
+    )
     control.start()
     return control
 
@@ -128,3 +129,16 @@ def test_the_deadline_block_adds_up_the_server_side_path() -> None:
     empty = deadline_record({}, np.zeros(0), 0.1, 0, 0.0, timing)
     assert empty["miss_ratio"] is None, "no frames served yet: no ratio, not 0"
     assert empty["server_latency_estimate"]["jitter_buffer_s"] == 0.1, "the target until packets"
+
+
+def test_age_is_refused_without_test_hooks_and_for_a_model_without_contexts(
+    tmp_path: Path, engine: Engine
+) -> None:
+    for hooks, reason in ((False, "test_hooks_disabled"), (True, "bad_request")):
+        path = tmp_path / f"engine-{hooks}.sock"
+        control = serve_control(path, engine, hooks=hooks)
+        try:
+            assert ask(path, {"op": "age"})["reason"] == reason  # echo has no contexts
+        finally:
+            control.stop()
+    assert not engine.age_next_tick

@@ -170,6 +170,19 @@ class MoshiModel:
                 self.lm.replay(int(slot), self._prompt)
 
     @torch.no_grad()
+    def age_contexts(self, rows: Mask) -> None:
+        """Benchmarks only (AgeableModel): move the rows' temporal and Mimi transformer
+        positions one whole context on, so every ring entry counts as written and attention
+        reads all of it, as it does two minutes into a call."""
+        mask = torch.from_numpy(rows).to(self.device)
+        for transformer in (
+            self.lm.transformer,
+            self.mimi.encoder_transformer,
+            self.mimi.decoder_transformer,
+        ):
+            transformer.positions.add_(mask.long() * transformer.context)
+
+    @torch.no_grad()
     def device_step(
         self, pcm: Tensor, reset_rows: Tensor, active_rows: Tensor
     ) -> tuple[Tensor, Tensor]:
