@@ -16,9 +16,11 @@ one eager step (the graph replays the same kernels), and the ratio graph / refer
 step times back to back, not ticks on the 80 ms clock: the capacity claim (zero misses over
 100,000 session-ticks) needs `cadence bench engine`, which does not exist yet.
 
-Weights are random (seeded on the device); the attention always spans the whole 1500-frame
-ring (masked), in Cadence and in the reference alike, so a fresh context costs what a full one
-does.
+Weights are random (seeded on the device). The reference attends over its whole ring whatever
+it holds; Cadence's ring kernel reads only what a call has written, so its calls, all a few
+steps old here, cost less than full ones: --full-rings fills every ring with random K/V and
+puts every call past the ring's length first (the worst case, a call past 2 minutes).
+`--kv-dtype fp8` serves fp8 e4m3 rings (docs/kv-cache.md).
 """
 
 import argparse

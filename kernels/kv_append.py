@@ -19,6 +19,12 @@ ring, quantizes k and v with their own scale: bf16(max|x| / 448) and x / scale i
 correctly rounded divisions, clamped to +-448. T = 1 is the temporal transformer's decode
 step; small T and fp32 rings serve Mimi's transformers (T = 2, fp32, rings of 250).
 
+Compiled on an H200 (Triton 3.6) it gives the torch path's bits: rotated q, ring entries and
+scales (tests/kernels/test_kv_append.py, bf16 and fp32, plain and fp8 rings, positions up to
+45,000). Its time was not measured apart; it replaces about 40 launches per layer and step
+(by count of the torch ops: 18 per apply_rope, two of them, and the two scatters with their
+index arithmetic).
+
 The launcher asserts shapes, dtypes, strides and devices, allocates only q's output and never
 reads device values on the host: it can be captured in a CUDA graph.
 """

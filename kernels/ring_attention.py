@@ -24,18 +24,25 @@ them once at full bandwidth:
 fp8 e4m3 rings (attention.py's quantize_kv: a bf16 scale per entry) are read as fp16: an
 e4m3 pair widens to fp16 in one instruction (to bf16 it takes several), q is divided by its
 largest magnitude and rounded to fp16, the key scales multiply the scores after the QK dot,
-and the value scales weigh the softmax weights (relative to the tile's largest, which
-multiplies the PV product) so no tile is converted to the query's dtype before a dot.
+and the value scales weigh the softmax weights relative to the largest value scale among the
+program's valid entries (found once, before the loop), which multiplies the accumulator at the
+end: no tile is converted to the query's dtype, and no reduction is added to the loop.
 
 Measured on one H200 (bench/kernels_ring_attention.py; 32 heads x 128, 1500-frame rings, every
-entry valid, per layer), bf16 rings (bench/results/kernels_ring_attention_full_rings.json):
+entry valid, per layer). bf16 rings (bench/results/kernels_ring_attention_full_rings.json):
 12.5 us at 1 slot (torch SDPA with the ring mask: 20.5), 708 us at 128 slots = 4.44 TB/s,
 level with SDPA's 720 us and with a plain 4 GiB read (4.39 TB/s); 46 us at 128 slots with 51
-valid frames per ring (SDPA reads the whole ring whatever it holds). The best program is
-block 32 x 4 warps, 3 stages at 128 slots, block 16 x 1 warp at 1 to 32 slots. In that run the
-fp8 path still converted each tile to bf16 before the dot: 752 us at 128 slots (2.2 TB/s of
-fp8 bytes), slower per byte than bf16. The fp16 path's numbers are in
-bench/results/kernels_ring_attention_fp8.json (docs/kv-cache.md).
+valid frames per ring (SDPA reads the whole ring whatever it holds); the best program is block
+32 x 4 warps, 3 stages at 128 slots, block 16 x 1 warp at 1 to 32 slots.
+fp8 rings (bench/results/kernels_ring_attention_fp8.json, same run as bf16 694 / 1610 us):
+13.9 us at 1 slot, 602 us at 128 slots (0.87x bf16, 2.65 TB/s of entries and scales), 1350 us
+at 300 slots (0.84x, 2.77 TB/s), block 64 x 4 warps, 3 stages; 1.0e-3 relative error against
+the fp32 reference of the dequantized rings, 3.7e-2 against the unquantized random rings.
+Half the bytes did not buy half the time: fp8 runs at ~60% of the read ceiling, so the loop,
+not the memory, bounds it. Value scales taken relative to each tile's largest (a reduction per
+tile) took 691 us at 128 slots; converting tiles to bf16 before the dots took 752 (earlier run).
+The validity test in the scan for the largest value scale was added after that run (integer
+work before the loop only; untimed).
 
 The launcher asserts shapes, dtypes, strides and devices, allocates only buffers whose size is
 fixed by the shapes, and never reads device values on the host: it can be captured in a CUDA
@@ -143,6 +150,21 @@ def _ring_split_kernel(  # type: ignore[no-untyped-def,unused-ignore]
     run_max = tl.full((16,), empty, tl.float32)
     run_sum = tl.zeros((16,), tl.float32)
     acc = tl.zeros((16, head_dim), tl.float32)
+    value_ref = 1.0
+    if scaled:
+        # the largest value scale among this program's valid entries, found once before the
+        # loop: each value's weight is taken relative to it (so the fp16 weights stay in
+        # [0, 1] whatever the values' range) and the accumulator multiplied by it at the end
+        chunk = tl.arange(0, 1024)
+        largest = tl.zeros((1024,), tl.float32)
+        for begin in range(lo, hi, 1024):
+            index = begin + chunk
+            age = final - index
+            age = tl.where(age < 0, age + capacity, age)
+            inside = (index < hi) & (age <= oldest)
+            scale = tl.load(v_scale_ptr + ring + index, mask=inside, other=0.0)
+            largest = tl.maximum(largest, scale.to(tl.float32))
+        value_ref = tl.maximum(tl.max(largest, axis=0), 1e-30)
     for start in range(lo, hi, block_n):
         index = start + tl.arange(0, block_n)
         age = final - index
@@ -162,16 +184,16 @@ def _ring_split_kernel(  # type: ignore[no-untyped-def,unused-ignore]
         run_sum = run_sum * rescale + tl.sum(weights, axis=1)
         v = tl.load(v_ptr + offsets, mask=valid[:, None], other=0.0).to(q.dtype)
         if scaled:
-            # a value's scale weighs its row: relative to the tile's largest, so the fp16
-            # weights stay in [0, 1], and the tile's largest multiplies the product
+            # a value's scale weighs its row of the PV product, relative to value_ref
             value_scale = tl.load(v_scale_ptr + entries, mask=valid, other=0.0).to(tl.float32)
-            tile_scale = tl.max(value_scale, axis=0)
-            weights = weights * (value_scale / tl.maximum(tile_scale, 1e-30))[None, :]
-            update = tl.dot(weights.to(q.dtype), v) * tile_scale
+            weights = weights * (value_scale / value_ref)[None, :]
+            update = tl.dot(weights.to(q.dtype), v)
         else:
             update = tl.dot(weights.to(q.dtype), v, input_precision=precision)
         acc = acc * rescale[:, None] + update
         run_max = new_max
+    if scaled:
+        acc = acc * value_ref
     partial = row * splits + split
     first_lane = lanes == 0
     tl.store(max_ptr + partial + 0 * lanes, run_max, mask=first_lane)

@@ -126,6 +126,11 @@ def test_fp8_ring_matches_reference_on_dequantized_entries(
     values8, value_scale = quantize_kv(values)
     value_scale[:, 1] *= 1e-4  # a head of tiny values: the scale, not fp16, carries the range
     last = _positions(8, capacity)
+    # entries a query may not see (a previous call's, or older than the context) far louder
+    # than the rest: they must not scale the visible values' weights away
+    positions = ring_positions(last, capacity)
+    hidden = (positions < 0) | (positions <= last[:, None] - context)
+    value_scale.masked_fill_(hidden[:, None, :], 1e6)
     got = ring_attention(
         q, keys8, values8, last, context, splits=2, scales=(key_scale, value_scale)
     )
