@@ -125,3 +125,30 @@ def test_graph_matches_eager_with_fp8_rings() -> None:
         np.testing.assert_allclose(got.pcm, want.pcm, atol=1e-5, err_msg=f"step {step}")
         tokens.append(got.tokens)
     assert len(np.unique(np.stack(tokens))) > 8
+
+
+def test_fp8_prefill_matches_stepping() -> None:
+    """A prompt's prefill (T frames of one slot through SDPA over the dequantized fp8 ring)
+    gives what stepping the same frames one by one gives (torch path both)."""
+    config = dataclasses.replace(load_config("tiny").lm, context=LM_CONTEXT)
+    generator = torch.Generator().manual_seed(4)
+    frames = torch.randn(1, LM_CONTEXT - 2, config.dim, generator=generator).to(DEVICE)
+    outputs = []
+    for prefill in (True, False):
+        lm = MoshiLm(config, SLOTS, DEVICE, torch.float32, GREEDY, GREEDY, None, KV_FP8)
+        randomize(lm, 3)
+        transformer = lm.transformer
+        transformer.decode_kernel = False
+        with torch.no_grad():
+            if prefill:
+                outputs.append(transformer.prefill(frames, slot=1)[0])
+                continue
+            steps = []
+            for t in range(frames.shape[1]):
+                batch = torch.zeros(SLOTS, 1, config.dim, device=DEVICE)
+                batch[1] = frames[0, t]
+                steps.append(transformer.step(batch)[1, 0])
+            outputs.append(torch.stack(steps))
+    assert transformer.key_scale is not None
+    assert (transformer.key_scale[:, 1, :, : frames.shape[1]] != 1).all()  # scales written
+    torch.testing.assert_close(outputs[0], outputs[1], rtol=1e-4, atol=1e-4)
