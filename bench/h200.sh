@@ -22,7 +22,7 @@ timeout 200 python3 -m cadence bench engine --model moshi --random-weights --dev
     --sweep 300 --seconds 40 --json "$out/bench_engine_fp8_300.json" 2>&1 | tail -25
 timeout 170 python3 bench/engine_gpu.py --slots 1,128 --steps 40 --full-rings --reference \
     --json "$out/engine_gpu.json" 2>&1 | tail -6
-timeout 150 python3 -m pytest -q -m gpu tests -p no:cacheprovider 2>&1 | tee "$out/gpu_tests.log" |
+timeout 150 python3 -m pytest -q -m gpu tests/engine tests/kernels -p no:cacheprovider 2>&1 | tee "$out/gpu_tests.log" |
     tail -15
 timeout 60 python3 bench/engine_stages.py --slots 1,128 --json "$out/engine_stages.json" 2>&1 |
     tail -2
