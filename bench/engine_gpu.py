@@ -14,7 +14,7 @@ own CUDA graphs -> `mimi.decode`) batched at the same N, same context, same dtyp
 Reported per N: median / p99 / max milliseconds per step, peak GPU memory, kernels launched by
 one eager step (the graph replays the same kernels), and the ratio graph / reference. These are
 step times back to back, not ticks on the 80 ms clock: the capacity claim (zero misses over
-100,000 session-ticks) needs `cadence bench engine`, which does not exist yet.
+100,000 session-ticks) is `cadence bench engine`'s (bench/h200.sh runs both).
 
 Weights are random (seeded on the device). The reference attends over its whole ring whatever
 it holds; Cadence's ring kernel reads only what a call has written, so its calls, all a few
