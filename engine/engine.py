@@ -123,12 +123,15 @@ class Engine:
             self._age_calls(live & ~reset)
         if self.watchdog is not None:
             self.watchdog.step_started(tick)
-        out = self.executor.run(self._pcm_in, reset, live)
-        if self.stall_next_tick_s:
-            time.sleep(self.stall_next_tick_s)
-            self.stall_next_tick_s = 0.0
-        if self.watchdog is not None:
-            self.watchdog.step_finished()
+        try:
+            out = self.executor.run(self._pcm_in, reset, live)
+            if self.stall_next_tick_s:
+                time.sleep(self.stall_next_tick_s)
+                self.stall_next_tick_s = 0.0
+        finally:
+            # a step that raised is over, not hung: the error ends the engine, not the watchdog
+            if self.watchdog is not None:
+                self.watchdog.step_finished()
         t_stepped = time.perf_counter()
 
         # scatter

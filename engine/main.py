@@ -51,12 +51,12 @@ def run_engine(config: EngineConfig) -> int:
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
     control: ControlServer | None = None
+    watchdog: StepWatchdog | None = None
     try:
         metrics = EngineMetrics()
         if config.metrics_port:
             start_http_server(config.metrics_port, config.metrics_host, registry=metrics.registry)
         table = SlotTable(config.slots, accepting=False)
-        watchdog = None
         if config.watchdog_s:
             watchdog = StepWatchdog(config.watchdog_s, lambda: exit_hung(ring.abandon))
             watchdog.start()
@@ -79,6 +79,8 @@ def run_engine(config: EngineConfig) -> int:
     finally:
         if control is not None:
             control.stop()
+        if watchdog is not None:
+            watchdog.stop()  # before the ring goes: its hang action writes to the ring
         ring.set_engine_state(EngineState.STOPPED)
         ring.close()
         log.info("engine stopped; shared memory %s unlinked", config.ring_name)

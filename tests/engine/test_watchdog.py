@@ -9,8 +9,17 @@ from pathlib import Path
 import pytest
 
 from cadence.supervise import engine_status
+from engine.clock import TickClock
 from engine.control import ask_once
+from engine.engine import Engine
+from engine.metrics import EngineMetrics
+from engine.models.base import Mask, PcmBatch, StepOutput
+from engine.models.echo import EchoModel
+from engine.ring import RingSpec, SharedRing
+from engine.slots import SlotTable
 from engine.watchdog import EXIT_HUNG, StepWatchdog
+
+PERIOD_NS = 80_000_000
 
 
 def test_fires_once_when_a_step_outlives_the_limit() -> None:
@@ -51,6 +60,42 @@ def test_quiet_while_steps_finish_in_time() -> None:
 def test_limit_must_be_positive() -> None:
     with pytest.raises(ValueError, match="positive"):
         StepWatchdog(0.0, lambda: None)
+
+
+class FaultingExecutor:
+    """An executor whose step fails at once, as a device fault surfaces in torch."""
+
+    name = "faulting"
+    kernels_per_tick: int | None = None
+
+    def __init__(self, model: EchoModel) -> None:
+        self.model = model
+
+    def run(self, pcm_in: PcmBatch, reset: Mask, active: Mask) -> StepOutput:
+        raise RuntimeError("device fault")
+
+
+def test_a_step_that_raises_is_over_not_hung() -> None:
+    """The error ends the engine through its own exit path; the watchdog must not also fire
+    (exit 70, "hung") while that path runs."""
+    fired = threading.Event()
+    watchdog = StepWatchdog(0.2, fired.set)
+    watchdog.start()
+    ring = SharedRing.create(
+        f"cadence-test-fault-{time.monotonic_ns()}", RingSpec(2, 1920, 24000, 0, 4, PERIOD_NS)
+    )
+    try:
+        engine = Engine(
+            FaultingExecutor(EchoModel(2)), ring, SlotTable(2), EngineMetrics(), PERIOD_NS, watchdog
+        )
+        engine.clock = TickClock(time.monotonic_ns(), PERIOD_NS)
+        with pytest.raises(RuntimeError, match="device fault"):
+            engine.tick(0)
+        time.sleep(0.5)  # over twice the limit
+    finally:
+        watchdog.stop()
+        ring.close()
+    assert not fired.is_set()
 
 
 def test_hung_engine_exits_and_unlinks_its_ring(tmp_path: Path) -> None:
