@@ -4,8 +4,6 @@ the eager layer code (attention.py's RoPE, ring write and masked SDPA).
 Interpreted on CPU (small shapes), compiled on a GPU; skipped without triton.
 """
 
-import math
-
 import pytest
 
 pytest.importorskip("torch")
@@ -14,7 +12,7 @@ import torch
 
 pytest.importorskip("triton", reason="triton is not installed (CPU torch does not bring it)")
 
-from engine.models.moshi.attention import apply_rope, ring_mask, ring_write
+from engine.models.moshi.attention import apply_rope, ring_mask, ring_write, rope_frequencies
 from kernels.mimi_transformer import (
     residual_layer_norm,
     residual_layer_norm_reference,
@@ -41,8 +39,7 @@ def _step_inputs(
 
 
 def _freqs(head_dim: int) -> torch.Tensor:
-    half = torch.arange(head_dim // 2, device=DEVICE, dtype=torch.float32)
-    return torch.exp(half * (-math.log(MAX_PERIOD) * 2 / head_dim))
+    return rope_frequencies(head_dim, MAX_PERIOD, DEVICE)
 
 
 # fresh calls, just before / at / across the first wrap, long after it

@@ -18,13 +18,11 @@ is ~55 kernels per layer on CUDA, mostly 2.5 us launches on a few KiB (bench/mim
 measures both).
 """
 
-import math
-
 import torch
 from torch import Tensor, nn
 from torch.nn import functional
 
-from engine.models.moshi.attention import RingAttention, ring_mask
+from engine.models.moshi.attention import RingAttention, ring_mask, rope_frequencies
 from engine.models.moshi.mimi.seanet import Streaming
 
 LAYER_NORM_EPS = 1e-5
@@ -53,7 +51,7 @@ class MimiLayer(nn.Module):
         )
         return x + update
 
-    def fused(
+    def forward_fused(
         self,
         x: Tensor,
         normed: Tensor,
@@ -122,11 +120,8 @@ class MimiTransformer(Streaming):
         self.register_buffer(
             "positions", torch.zeros(slots, device=device, dtype=torch.long), False
         )
-        # the fused path's RoPE frequencies, in attention.apply_rope's arithmetic
-        half = torch.arange(head_dim // 2, device=device, dtype=torch.float32)
-        self.register_buffer(
-            "freqs", torch.exp(half * (-math.log(max_period) * 2 / head_dim)), False
-        )
+        # the fused path's RoPE frequencies, those of attention.apply_rope
+        self.register_buffer("freqs", rope_frequencies(head_dim, max_period, device), False)
 
     def reset(self, mask: Tensor) -> None:
         self.positions.masked_fill_(mask, 0)
@@ -156,7 +151,7 @@ class MimiTransformer(Streaming):
             h, first.normalized_shape, first.weight, first.bias, first.eps
         )
         for index, layer in enumerate(layers):
-            h, update = layer.fused(
+            h, update = layer.forward_fused(
                 h, normed, rope, self.positions, self.keys[index], self.values[index], self.context
             )
             scale = layer.layer_scale_2.scale
