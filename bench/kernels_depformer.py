@@ -6,8 +6,9 @@ Moshi 7B depformer shapes (dim 4096 in, 1024 wide, 16 heads, 6 layers, FFN 2816,
 card 2048), bf16, random weights (N(0, 1/fan_in)). Per slot count, each path is captured in
 a CUDA graph and timed over replays (median of CUDA-event times of single replays), greedy and
 with the audio default sampling (temperature 0.8, top-k 250). The torch path is
-Depformer.forward with its plain torch ops (`fused = False` where the module has that switch,
-the ~1500-kernel path of bench/engine_stages.py). GB/s counts the weight bytes a tick reads
+Depformer.forward with its plain torch ops (`fused = False`, the ~1500-kernel path of
+bench/engine_stages.py), not the fused path the engine serves (~466 kernels, 1.90 ms at 1 slot:
+bench/results/kernels_layer.json). GB/s counts the weight bytes a tick reads
 once (all steps' matrices and the used embedding rows aside). Every program tile of SWEEP is
 timed at every slot count ("best": the fastest greedy one). Also: the cost of a grid barrier
 alone (a kernel that only synchronises, same grid), and the fraction of greedy tokens equal
@@ -109,8 +110,7 @@ def build(slots: int) -> Depformer:
             noise = torch.randn(param.shape, generator=generator, device="cuda")
             scale = 0.1 if name.endswith("alpha") else param.shape[-1] ** -0.5
             param.copy_((1.0 if name.endswith("alpha") else 0.0) + noise * scale)
-    if hasattr(depformer, "fused"):
-        depformer.fused = False  # the plain torch path (see the module docstring)
+    depformer.fused = False  # the plain torch path (see the module docstring)
     return depformer.requires_grad_(False)
 
 

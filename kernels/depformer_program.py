@@ -53,6 +53,10 @@ bench/results/kernels_depformer.json):
   ~11 us each, latency-bound (a program keeps a few KB of weights in flight; the 1024-wide
   outputs keep only 32 of 132 programs busy);
 - 8 to 300 slots: not timed yet.
+Those torch ops are Depformer.forward with `fused = False`. The path the engine serves, the
+fused one (kernels/rms_norm.py, gated_silu.py, step_attention.py), takes 1.90 ms at 1 slot and
+2.05-2.18 ms at 128 (bench/results/kernels_layer.json, engine_stages_layer_kernels.json): this
+program is ~1.6x slower than what is served, and nothing in the engine launches it.
 Tokens, tests/kernels/test_depformer_program.py on the same machine: greedy equal to
 Depformer.forward at 1 and 8 slots; at 128 slots 104 of 128 rows equal through the 8 steps and
 the others apart from a near tie (teacher-forced logit gap <= 0.042 row std); sampling with

@@ -53,8 +53,7 @@ def _depformer(
                 param.copy_(1.0 + 0.1 * noise)
             else:
                 param.copy_(noise * param.shape[-1] ** -0.5)
-    if hasattr(depformer, "fused"):
-        depformer.fused = False  # forward's plain torch ops, the numerics the program follows
+    depformer.fused = False  # forward's plain torch ops, the numerics the program follows
     return depformer.requires_grad_(False)
 
 
