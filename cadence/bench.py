@@ -10,9 +10,10 @@ runs one engine per call count, ascending, and reports the largest count with ze
 Attention skips the ring entries a young call has not written, so only a run longer than the KV
 context (2 minutes by default) measures the worst case, every ring full: the default is 130 s.
 `--full-context` gets there at once: the engine (started with --test-hooks) ages every call's
-contexts to full before its first counted ticks (AgeableModel), so a 40 s run costs per tick what
-calls two minutes in do; the ring contents are then whatever the slots hold, which changes no
-cost.
+contexts to full (AgeableModel) AGE_AFTER_S after the last call opened, so a 40 s run costs per
+tick what calls two minutes in do; the ring contents are then whatever the slots hold, which
+changes no cost. The counters include the few ticks before the aging (about 6 per call), and
+tick percentiles cover the last 2048 ticks (engine.RECENT_TICKS): the whole of a 40 s run.
 
 Results are written as JSON with the machine, versions and the command.
 """

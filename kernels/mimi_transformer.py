@@ -31,7 +31,8 @@ over everything between the matrix products:
   LayerNorm(h) for the next sublayer, one program per token.
 
 Measured on one H200 (bench/mimi_gpu.py, bench/results/mimi_gpu.json; with the rest of the
-fused codec): the encode stage fell from 714 to 197 kernels and the decode from 606 to 179.
+fused codec): the encode stage fell from 714 to 197 kernels and the decode from 606 to 179
+at 1 slot (180 with the current form of the attention kernel, mimi_gpu.json as committed).
 At 300 slots the first form of the attention kernel, one program per (slot, head) walking
 its 4 tiles of 64 in series and reading this step's keys back after a barrier, was the slow
 part: 3.27 ms for 8 layers = 408 us per layer for 307 MB of K+V (0.75 TB/s).

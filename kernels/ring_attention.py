@@ -33,7 +33,7 @@ entry valid, per layer). bf16 rings (bench/results/kernels_ring_attention_full_r
 12.5 us at 1 slot (torch SDPA with the ring mask: 20.5), 708 us at 128 slots = 4.44 TB/s,
 level with SDPA's 720 us and with a plain 4 GiB read (4.39 TB/s); 46 us at 128 slots with 51
 valid frames per ring (SDPA reads the whole ring whatever it holds); the best program is block
-32 x 4 warps, 3 stages at 128 slots, block 16 x 1 warp at 1 to 32 slots.
+32 x 4 warps, 3 stages at 128 slots, block 16 x 1 warp at 1 and 32 slots (16 x 2 at 8).
 fp8 rings (bench/results/kernels_ring_attention_fp8.json, same run as bf16 694 / 1610 us):
 13.9 us at 1 slot, 602 us at 128 slots (0.87x bf16, 2.65 TB/s of entries and scales), 1350 us
 at 300 slots (0.84x, 2.77 TB/s), block 64 x 4 warps, 3 stages; 1.0e-3 relative error against

@@ -25,9 +25,11 @@ the ring's age: 0.99, 3.58 and 7.52 ms to encode, 0.96, 3.72 and 7.86 to decode.
 The options weighed: hand-written kernels where the launches are (the transformers: ~450 of
 the 714 encode kernels; the RVQ: ~100), chosen because they can be checked on CPU in
 Triton's interpreter and need no compile step at start-up (the first fused call, Triton's
-JIT, took 1.7 s). torch.compile (inductor) of encode / decode was predicted to fuse as many
-launches and the SEANet glue as well, at a cold compile of tens of seconds per slot count
-at start-up; it was not measured (the device time for this work, 180 s, did not allow it).
+JIT, took 1.7 s in the first fused form's run; 0.55 s in the committed one, whose attention
+sweep had compiled that kernel already). torch.compile (inductor) of encode / decode was
+predicted to fuse as many launches and the SEANet glue as well, at a cold compile of tens of
+seconds per slot count at start-up; it was not measured (the device time for this work,
+180 s, did not allow it).
 Left, by the profile at 300 slots: the attention kernel (1.7 ms of 5.9, see its module), the
 SEANet state copies, cuDNN layout conversions and ELUs (~1.5 ms), and the fp32 SIMT GEMMs.
 """
