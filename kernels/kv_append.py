@@ -17,7 +17,9 @@ product of two fp32 values, libdevice's cos/sin, each product rounded before the
 contraction off), rounds k to the model's dtype as the torch path stores it, and, for an fp8
 ring, quantizes k and v with their own scale: bf16(max|x| / 448) and x / scale in fp32 with
 correctly rounded divisions, clamped to +-448. T = 1 is the temporal transformer's decode
-step; small T and fp32 rings serve Mimi's transformers (T = 2, fp32, rings of 250).
+step, its only caller. Small T and fp32 rings (Mimi's shapes: T = 2, fp32) are supported and
+tested, but nothing launches them: Mimi's fused path rotates and writes its rings inside
+kernels/mimi_transformer.py's ring_attention_step, and a prompt's prefill takes the torch ops.
 
 Compiled on an H200 (Triton 3.6) it gives the torch path's bits: rotated q, ring entries and
 scales (tests/kernels/test_kv_append.py, bf16 and fp32, plain and fp8 rings, positions up to
