@@ -5,11 +5,13 @@
 For each slot count it builds Cadence's Moshi (bf16, random weights, 1500-frame KV rings,
 greedy) and captures each stage of `MoshiModel.device_step` as its own CUDA graph:
 
-- `mimi_encode`: pcm [slots, 1920] -> user codes [slots, 8] (SEANet, transformer, RVQ), fp32;
+- `mimi_encode`: pcm [slots, 1920] -> user codes [slots, 8] (SEANet, transformer, RVQ), fp32,
+  its transformer rings young: they start empty and the ~60 runs of a stage fill ~120 of
+  their 250 frames (bench/mimi_gpu.py times Mimi at full rings);
 - `temporal`: token embedding + 32-layer temporal transformer + out norm + text head + text
   sampling (every ring full: each slot's position is set past the context first);
 - `depformer`: 8 dependent depth steps x 6 layers, with sampling;
-- `mimi_decode`: codes [slots, 8] -> pcm [slots, 1920], fp32.
+- `mimi_decode`: codes [slots, 8] -> pcm [slots, 1920], fp32, young rings likewise.
 
 Reported per stage: median and p99 ms per replay (CUDA events, 50 replays after 5), and the
 number of kernels one eager run of the stage launches (torch profiler). The sum of the
