@@ -6,6 +6,7 @@ the eager torch path while calls join, leave and their rings wrap.
 """
 
 import dataclasses
+from collections.abc import Iterator
 
 import numpy as np
 import pytest
@@ -83,48 +84,48 @@ def _model(decode_kernel: bool, kv_dtype: torch.dtype | None = None) -> MoshiMod
     return model
 
 
+@pytest.fixture
+def fp32_gemms() -> Iterator[None]:
+    """TF32 off while the test builds, captures and runs its models; then as it was."""
+    before = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = False
+    yield
+    torch.backends.cuda.matmul.allow_tf32 = before
+
+
+def _replays_match_steps(eager: EagerExecutor, graph: GraphExecutor, seed: int) -> None:
+    """The graph's replays give the eager steps' greedy tokens and audio while calls join,
+    leave and their rings wrap."""
+    rng = np.random.default_rng(seed)
+    active = np.ones(SLOTS, np.bool_)
+    tokens = []
+    for step in range(STEPS):
+        reset = np.zeros(SLOTS, np.bool_)
+        reset[RESETS.get(step, [])] = True
+        pcm = (rng.standard_normal((SLOTS, 1920)) * 0.1).astype(np.float32)
+        want = eager.run(pcm, reset, active)
+        got = graph.run(pcm, reset, active)
+        np.testing.assert_array_equal(got.tokens, want.tokens, err_msg=f"step {step}")
+        np.testing.assert_allclose(got.pcm, want.pcm, atol=1e-5, err_msg=f"step {step}")
+        tokens.append(got.tokens)
+    assert len(np.unique(np.stack(tokens))) > 8
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
-def test_graph_with_kernel_matches_eager_torch_path() -> None:
-    torch.backends.cuda.matmul.allow_tf32 = False
+def test_graph_with_kernel_matches_eager_torch_path(fp32_gemms: None) -> None:
     eager = EagerExecutor(_model(decode_kernel=False))
     graph = GraphExecutor(_model(decode_kernel=True))
-    rng = np.random.default_rng(0)
-    active = np.ones(SLOTS, np.bool_)
-    tokens = []
-    for step in range(STEPS):
-        reset = np.zeros(SLOTS, np.bool_)
-        reset[RESETS.get(step, [])] = True
-        pcm = (rng.standard_normal((SLOTS, 1920)) * 0.1).astype(np.float32)
-        want = eager.run(pcm, reset, active)
-        got = graph.run(pcm, reset, active)
-        np.testing.assert_array_equal(got.tokens, want.tokens, err_msg=f"step {step}")
-        np.testing.assert_allclose(got.pcm, want.pcm, atol=1e-5, err_msg=f"step {step}")
-        tokens.append(got.tokens)
-    assert len(np.unique(np.stack(tokens))) > 8
+    _replays_match_steps(eager, graph, seed=0)
 
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
-def test_graph_matches_eager_with_fp8_rings() -> None:
-    """fp8 rings served: the graph replays give the eager steps' greedy tokens and audio,
-    both through the kernels, while calls join, leave and their rings wrap."""
-    torch.backends.cuda.matmul.allow_tf32 = False
+def test_graph_matches_eager_with_fp8_rings(fp32_gemms: None) -> None:
+    """fp8 rings served: graph and eager both through the kernels."""
     eager = EagerExecutor(_model(decode_kernel=True, kv_dtype=KV_FP8))
     graph = GraphExecutor(_model(decode_kernel=True, kv_dtype=KV_FP8))
-    rng = np.random.default_rng(1)
-    active = np.ones(SLOTS, np.bool_)
-    tokens = []
-    for step in range(STEPS):
-        reset = np.zeros(SLOTS, np.bool_)
-        reset[RESETS.get(step, [])] = True
-        pcm = (rng.standard_normal((SLOTS, 1920)) * 0.1).astype(np.float32)
-        want = eager.run(pcm, reset, active)
-        got = graph.run(pcm, reset, active)
-        np.testing.assert_array_equal(got.tokens, want.tokens, err_msg=f"step {step}")
-        np.testing.assert_allclose(got.pcm, want.pcm, atol=1e-5, err_msg=f"step {step}")
-        tokens.append(got.tokens)
-    assert len(np.unique(np.stack(tokens))) > 8
+    _replays_match_steps(eager, graph, seed=1)
 
 
 def test_fp8_prefill_matches_stepping() -> None:
