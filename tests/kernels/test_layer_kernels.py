@@ -15,7 +15,7 @@ import torch
 
 pytest.importorskip("triton", reason="triton is not installed (CPU torch does not bring it)")
 
-from engine.models.moshi.attention import RingDecode, ring_mask
+from engine.models.moshi.attention import ring_mask
 from engine.models.moshi.depformer import Depformer
 from engine.models.moshi.model import randomize
 from engine.models.moshi.sampling import Sampling
@@ -128,7 +128,7 @@ def test_temporal_layer_fused_matches_torch_path() -> None:
     keys = torch.zeros(slots, heads, context, dim // heads, device=DEVICE)
     values = torch.zeros_like(keys)
     start = torch.tensor([0, 5, 40], device=DEVICE)
-    mask: torch.Tensor | RingDecode = ring_mask(start, 1, context, context)
+    mask = ring_mask(start, 1, context, context)
     x = _randn(slots, 1, dim, dtype=torch.float32, seed=14)
     outputs = []
     with torch.no_grad():

@@ -16,7 +16,7 @@ with its own bf16 scale (`quantize_kv`): the entry's largest magnitude maps to 4
 
     key_scale, value_scale: bf16 [layers, slots, heads, capacity]   (fp8 rings only)
 
-It passes each layer a `RingDecode`: without a mask, one frame per slot goes through two
+It passes each layer a `RingRead`: without a mask, one frame per slot goes through two
 Triton launches, RoPE + append (kernels/kv_append.py) and decode attention
 (kernels/ring_attention.py), which derives validity from `start` itself and reads only valid
 entries; with a mask, the same steps run as torch ops and SDPA over the (dequantized) ring.
@@ -139,7 +139,7 @@ def dequantize_kv(entries: Tensor, scale: Tensor) -> Tensor:
 
 
 @dataclass(frozen=True)
-class RingDecode:
+class RingRead:
     """How a temporal layer reads its ring (see the module docstring).
 
     `context`: frames a query attends to. `scales`: this layer's (key_scale, value_scale),
@@ -177,22 +177,22 @@ class RingAttention(nn.Module):
         self.register_buffer("rope_freqs", freqs, False)
 
     def forward(
-        self, x: Tensor, start: Tensor, keys: Tensor, values: Tensor, mask: Tensor | RingDecode
+        self, x: Tensor, start: Tensor, keys: Tensor, values: Tensor, mask: Tensor | RingRead
     ) -> Tensor:
         """x: [B, T, dim]; keys/values: this layer's ring [B, H, capacity, head_dim]; mask:
-        bool [B, 1, T, capacity] (see ring_mask), or the temporal ring's RingDecode."""
+        bool [B, 1, T, capacity] (see ring_mask), or the temporal ring's RingRead."""
         batch, steps, dim = x.shape
         qkv = self.in_proj(x).view(batch, steps, 3, self.num_heads, dim // self.num_heads)
-        if isinstance(mask, RingDecode) and mask.mask is None:
+        if isinstance(mask, RingRead) and mask.mask is None:
             out = self._decode(qkv, start, keys, values, mask)
         else:
-            ring = mask if isinstance(mask, RingDecode) else RingDecode(keys.shape[2], None, mask)
+            ring = mask if isinstance(mask, RingRead) else RingRead(keys.shape[2], None, mask)
             out = self._masked(qkv, start, keys, values, ring)
         projected: Tensor = self.out_proj(out.transpose(1, 2).reshape(batch, steps, dim))
         return projected
 
     def _decode(
-        self, qkv: Tensor, start: Tensor, keys: Tensor, values: Tensor, ring: RingDecode
+        self, qkv: Tensor, start: Tensor, keys: Tensor, values: Tensor, ring: RingRead
     ) -> Tensor:
         """The Triton path: [B, 1, 3, H, D] -> [B, H, 1, D]."""
         # imported here: triton is absent from CPU-only installs, which never take this path
@@ -206,7 +206,7 @@ class RingAttention(nn.Module):
         return out[:, :, None]
 
     def _masked(
-        self, qkv: Tensor, start: Tensor, keys: Tensor, values: Tensor, ring: RingDecode
+        self, qkv: Tensor, start: Tensor, keys: Tensor, values: Tensor, ring: RingRead
     ) -> Tensor:
         """The torch path: [B, T, 3, H, D] -> [B, H, T, D] through SDPA with ring.mask."""
         q, k, v = qkv.permute(2, 0, 3, 1, 4).unbind(0)  # each [B, H, T, head_dim]

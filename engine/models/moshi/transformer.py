@@ -30,7 +30,7 @@ from engine.models.moshi.attention import (
     KV_FP8,
     KV_SCALE_DTYPE,
     RingAttention,
-    RingDecode,
+    RingRead,
     RmsNorm,
     add_rms_norm,
     fused_on,
@@ -103,7 +103,7 @@ class TemporalLayer(nn.Module):
         self.fused: bool | None = None
 
     def forward(
-        self, x: Tensor, start: Tensor, keys: Tensor, values: Tensor, mask: Tensor | RingDecode
+        self, x: Tensor, start: Tensor, keys: Tensor, values: Tensor, mask: Tensor | RingRead
     ) -> Tensor:
         fused = fused_on(x, self.fused)
         normed = rms_norm(x, self.norm1.alpha, self.norm1.eps, fused)
@@ -188,6 +188,6 @@ class TemporalTransformer(nn.Module):
             scales = None
             if self.key_scale is not None and self.value_scale is not None:
                 scales = (self.key_scale[index, rows], self.value_scale[index, rows])
-            ring = RingDecode(self.context, scales, mask)
+            ring = RingRead(self.context, scales, mask)
             x = layer(x, start, self.keys[index, rows], self.values[index, rows], ring)
         return x
