@@ -30,14 +30,14 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+import depformer_program as program  # bench/depformer_program.py: this script's folder
 import torch
 import triton  # type: ignore[import-not-found,import-untyped,unused-ignore]
+from depformer_program import depformer_program, grid_sync, prepare_program
 
-import kernels.depformer_program as program
 from engine.models.moshi.config import moshiko
 from engine.models.moshi.depformer import Depformer
 from engine.models.moshi.sampling import AUDIO_DEFAULT, Sampling
-from kernels.depformer_program import depformer_program, grid_sync, prepare_program
 
 log = logging.getLogger("kernels_depformer")
 GREEDY = Sampling(greedy=True, temperature=1.0, top_k=1)

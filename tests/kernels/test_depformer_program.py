@@ -1,4 +1,4 @@
-"""The one-launch depth transformer (kernels/depformer_program.py) against Depformer.forward.
+"""The one-launch depth transformer (bench/depformer_program.py) against Depformer.forward.
 
 On a machine without CUDA the program runs in Triton's interpreter, which runs a grid's
 programs one after another: a barrier with more than one program would wait forever for a
@@ -19,10 +19,16 @@ import torch
 
 pytest.importorskip("triton", reason="triton is not installed (CPU torch does not bring it)")
 
+import sys
+from pathlib import Path
+
 from engine.models.moshi.config import moshiko
 from engine.models.moshi.depformer import Depformer
 from engine.models.moshi.sampling import Sampling, sample
-from kernels.depformer_program import (
+
+# an experiment (not served: slower than the fused depformer), so it lives under bench/
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
+from depformer_program import (
     depformer_program,
     depformer_reference,
     prepare_program,
