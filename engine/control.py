@@ -8,7 +8,7 @@ Requests and replies, one JSON object per line:
     {"op": "close", "slot": S, "generation": G}  -> {"ok": true, "closed": bool}
     {"op": "status"}                        -> {"ok": true, "state": ..., "calls": [...], ...}
     {"op": "stall", "seconds": S}           -> {"ok": true} | {"ok": false, "reason":
-                                               "test_hooks_disabled"}  (0 < S <= 10)
+                                               "test_hooks_disabled"}  (0 < S <= 5)
     {"op": "age"}                           -> {"ok": true} | {"ok": false, "reason":
                                                "test_hooks_disabled" | "bad_request"}
     anything else                           -> {"ok": false, "reason": "bad_request", ...}
@@ -42,7 +42,7 @@ MAX_LINE_BYTES = 64 * 1024
 MAX_PENDING_BYTES = 16 * 1024 * 1024  # unread replies one connection may hold
 
 StatusFn = Callable[[], dict[str, Any]]
-MAX_STALL_S = 10.0
+MAX_STALL_S = 5.0  # below the step watchdog's default limit (10 s): a stall is a miss, not a hang
 
 
 class Hooks(Protocol):

@@ -12,13 +12,10 @@ prefills takes longer, still well under a second): it tells hung from late, and 
 what the deadline metrics count.
 """
 
-import logging
 import os
 import threading
 import time
 from collections.abc import Callable
-
-log = logging.getLogger(__name__)
 
 EXIT_HUNG = 70  # EX_SOFTWARE: internal error
 
@@ -57,12 +54,13 @@ class StepWatchdog:
             with self._lock:
                 started, tick = self._started_s, self._tick
             if started is not None and time.monotonic() - started > self.limit_s:
-                log.critical(
-                    "tick %d has been stepping for over %.1f s: the step is hung; exiting so "
-                    "the supervisor restarts the engine",
-                    tick,
-                    self.limit_s,
+                # straight to fd 2, not through logging: the stuck main thread may hold a
+                # handler's lock (a write blocked on a full stderr pipe, say)
+                message = (
+                    f"CRITICAL engine: tick {tick} has been stepping for over {self.limit_s:g} s: "
+                    "the step is hung; exiting so the supervisor restarts the engine\n"
                 )
+                os.write(2, message.encode())
                 self._on_hang()
                 return
 
@@ -73,5 +71,4 @@ def exit_hung(cleanup: Callable[[], None]) -> None:
     try:
         cleanup()
     finally:
-        logging.shutdown()
         os._exit(EXIT_HUNG)
