@@ -92,13 +92,14 @@ def _hold_calls(calls: int, args: argparse.Namespace, engine_argv: list[str]) ->
     seconds: float = args.seconds
     runtime = Path(tempfile.mkdtemp(prefix="cadence-bench-"))
     control = runtime / "engine.sock"
+    ring = f"cadence-bench-{os.getpid()}-{calls}"
     cmd = [
         sys.executable,
         "-m",
         "cadence",
         "engine",
         f"--control={control}",
-        f"--ring=cadence-bench-{os.getpid()}-{calls}",
+        f"--ring={ring}",
         *engine_argv,
     ]
     engine = subprocess.Popen(cmd)
@@ -157,5 +158,8 @@ def _hold_calls(calls: int, args: argparse.Namespace, engine_argv: list[str]) ->
                 engine.wait(30)
             except subprocess.TimeoutExpired:
                 engine.kill()
+                engine.wait()
+                # a killed engine could not unlink its shared memory (POSIX shm: /dev/shm)
+                Path("/dev/shm", ring).unlink(missing_ok=True)
         control.unlink(missing_ok=True)
         runtime.rmdir()

@@ -34,6 +34,8 @@ class ModelOptions:
             raise ValueError(f"unknown dtype {self.dtype!r}; choose float32 or bfloat16")
         if self.kv_dtype not in KV_DTYPES:
             raise ValueError(f"unknown KV dtype {self.kv_dtype!r}; choose bf16 or fp8")
+        if model != "moshi" and self.kv_dtype != "bf16":
+            raise ValueError(f"--kv-dtype {self.kv_dtype} is for --model moshi (it has KV rings)")
 
 
 def build_model(name: str, slots: int, options: ModelOptions | None = None) -> Model:

@@ -16,6 +16,7 @@ from engine.engine import Engine
 from engine.executors import build_executor
 from engine.main import run_engine
 from engine.metrics import EngineMetrics
+from engine.models import ModelOptions
 from engine.models.echo import EchoModel
 from engine.ring import DownlinkReader, RingSpec, SharedRing, UplinkWriter
 from engine.slots import AdmissionRefused, SlotTable
@@ -184,3 +185,11 @@ def test_a_peer_that_does_not_read_delays_only_itself(
         replies = [json.loads(line) for line in data.splitlines()]
         assert len(replies) == requests
         assert all(reply["ok"] is True for reply in replies)
+
+
+def test_model_options_refuse_what_the_model_cannot_honour() -> None:
+    with pytest.raises(ValueError, match="--kv-dtype fp8 is for --model moshi"):
+        ModelOptions(kv_dtype="fp8").check("echo")
+    with pytest.raises(ValueError, match="unknown KV dtype"):
+        ModelOptions(kv_dtype="int4").check("moshi")
+    ModelOptions(kv_dtype="fp8", random_weights=0).check("moshi")  # accepted
