@@ -191,5 +191,5 @@ def test_model_options_refuse_what_the_model_cannot_honour() -> None:
     with pytest.raises(ValueError, match="--kv-dtype fp8 is for --model moshi"):
         ModelOptions(kv_dtype="fp8").check("echo")
     with pytest.raises(ValueError, match="unknown KV dtype"):
-        ModelOptions(kv_dtype="int4").check("moshi")
+        ModelOptions(kv_dtype="int4", random_weights=0).check("moshi")
     ModelOptions(kv_dtype="fp8", random_weights=0).check("moshi")  # accepted
