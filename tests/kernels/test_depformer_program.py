@@ -152,6 +152,7 @@ def test_noise_race_draws_the_top_k_distribution() -> None:
         assert torch.all((counts - rows * probs).abs() <= 5 * spread + 1e-9), counts
 
 
+@pytest.mark.interpreter
 @pytest.mark.skipif(DEVICE.type == "cuda", reason="the GPU tests run the compiled grid")
 def test_interpreted_program_greedy_and_forced() -> None:
     depformer = _small()
@@ -164,6 +165,7 @@ def test_interpreted_program_greedy_and_forced() -> None:
     assert torch.equal(got, want), (got, want)
 
 
+@pytest.mark.interpreter
 @pytest.mark.skipif(DEVICE.type == "cuda", reason="the GPU tests run the compiled grid")
 def test_interpreted_program_samples_as_its_reference() -> None:
     depformer = _small()

@@ -58,6 +58,7 @@ def _relative(got: torch.Tensor, want: torch.Tensor) -> float:
     return float((got.double() - want.double()).norm() / want.double().norm())
 
 
+@pytest.mark.interpreter
 @pytest.mark.skipif(torch.cuda.is_available(), reason="interpreter only; the GPU test compiles")
 def test_fused_codec_matches_eager_interpreted() -> None:
     """Tiny Mimi, a ring of 4 frames (wraps after 2 steps)."""
