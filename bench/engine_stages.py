@@ -23,8 +23,6 @@ import argparse
 import json
 import logging
 import os
-import platform
-import statistics
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -34,6 +32,7 @@ os.environ.setdefault("NO_TORCH_COMPILE", "1")
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch
+from gpu_timing import count_kernels, machine, replay_ms, summary  # bench/, this folder
 
 from engine.models.moshi.config import moshiko
 from engine.models.moshi.lm import MoshiLm
@@ -42,41 +41,6 @@ from engine.models.moshi.model import randomize
 from engine.models.moshi.sampling import Sampling, sample
 
 log = logging.getLogger("engine_stages")
-REPLAYS = 50
-
-
-def count_kernels(stage: Callable[[], object]) -> int:
-    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
-        stage()
-        torch.cuda.synchronize()
-    return len([e for e in prof.events() if e.device_type.name == "CUDA"])
-
-
-def time_graph(stage: Callable[[], object]) -> dict[str, float]:
-    side = torch.cuda.Stream()  # type: ignore[no-untyped-call]
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        for _ in range(3):
-            stage()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        stage()
-    times = []
-    for index in range(REPLAYS + 5):
-        begin = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
-        end = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
-        begin.record()
-        graph.replay()
-        end.record()
-        end.synchronize()
-        if index >= 5:
-            times.append(begin.elapsed_time(end))
-    times.sort()
-    return {
-        "median_ms": round(statistics.median(times), 3),
-        "p99_ms": round(times[int(0.99 * (len(times) - 1))], 3),
-    }
 
 
 def stages(slots: int) -> dict[str, Any]:
@@ -111,7 +75,7 @@ def stages(slots: int) -> dict[str, Any]:
     row: dict[str, Any] = {"slots": slots}
     with torch.no_grad():
         for name, stage in plan.items():
-            row[name] = time_graph(stage) | {"kernels": count_kernels(stage)}
+            row[name] = summary(replay_ms(stage)) | {"kernels": count_kernels(stage)}
             log.info("%d slots %s %s", slots, name, row[name])
     row["sum_median_ms"] = round(sum(row[name]["median_ms"] for name in plan), 3)
     row["sum_kernels"] = sum(row[name]["kernels"] for name in plan)
@@ -126,12 +90,7 @@ def main() -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
     result: dict[str, Any] = {
         "command": " ".join(sys.argv),
-        "machine": {
-            "gpu": torch.cuda.get_device_name(),
-            "python": platform.python_version(),
-            "torch": torch.__version__,
-            "cuda": torch.version.cuda,
-        },
+        "machine": machine(),
         "model": "moshiko 7B shapes, random weights, bf16, context 1500 frames, rings full",
         "rows": [],
     }

@@ -34,6 +34,7 @@ import depformer_program as program  # bench/depformer_program.py: this script's
 import torch
 import triton  # type: ignore[import-not-found,import-untyped,unused-ignore]
 from depformer_program import depformer_program, grid_sync, prepare_program
+from gpu_timing import machine, replay_ms, summary
 
 from engine.models.moshi.config import moshiko
 from engine.models.moshi.depformer import Depformer
@@ -60,40 +61,6 @@ Config = tuple[int, int, int, int, int]
 def _barriers_only(counter_ptr, programs, barriers):  # type: ignore[no-untyped-def,unused-ignore]
     for _ in range(barriers):
         grid_sync(counter_ptr, programs)
-
-
-def graph_ms(fn: Callable[[], object]) -> list[float]:
-    """ms of single replays of fn captured as a CUDA graph (warmed up outside it)."""
-    side = torch.cuda.Stream()  # type: ignore[no-untyped-call]
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        fn()
-        fn()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        fn()
-    for _ in range(3):
-        graph.replay()
-    times = []
-    for _ in range(REPLAYS):
-        begin = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
-        end = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
-        begin.record()
-        graph.replay()
-        end.record()
-        end.synchronize()
-        times.append(begin.elapsed_time(end))
-    del graph
-    return times
-
-
-def summary(times: list[float]) -> dict[str, float]:
-    ordered = sorted(times)
-    return {
-        "median_ms": round(statistics.median(ordered), 4),
-        "p99_ms": round(ordered[min(len(ordered) - 1, int(0.99 * len(ordered)))], 4),
-    }
 
 
 def build(slots: int) -> Depformer:
@@ -128,7 +95,7 @@ def barrier_us(barriers: int) -> float:
     """us per grid barrier: a kernel that only synchronises, one program per SM."""
     programs = torch.cuda.get_device_properties(0).multi_processor_count
     counter = torch.zeros(1, device="cuda", dtype=torch.int64)
-    times = graph_ms(lambda: _barriers_only[(programs,)](counter, programs, barriers))
+    times = replay_ms(lambda: _barriers_only[(programs,)](counter, programs, barriers), REPLAYS)
     return 1000 * statistics.median(times) / barriers
 
 
@@ -156,12 +123,12 @@ def row(depformer: Depformer, slots: int, read_bytes: int) -> dict[str, Any]:
         return lambda: depformer_program(depformer, hidden, text, how, None)
 
     for label, how in ways:
-        result["torch"][label] = summary(graph_ms(torch_path(how)))
+        result["torch"][label] = summary(replay_ms(torch_path(how), REPLAYS))
     for config in SWEEP:
         use_config(config)
         timed: dict[str, Any] = {}
         for label, how in ways:
-            times = graph_ms(program_path(how))
+            times = replay_ms(program_path(how), REPLAYS)
             timed[label] = summary(times)
             timed[label]["weight_gbs"] = round(read_bytes / statistics.median(times) / 1e6, 1)
         got = depformer_program(depformer, hidden, text, GREEDY, None)
@@ -190,13 +157,7 @@ def main() -> int:
     read_bytes = weight_bytes(depformer)
     result: dict[str, Any] = {
         "command": " ".join(sys.argv),
-        "machine": {
-            "gpu": torch.cuda.get_device_name(),
-            "multiprocessors": torch.cuda.get_device_properties(0).multi_processor_count,
-            "torch": torch.__version__,
-            "triton": triton.__version__,
-            "cuda": torch.version.cuda,
-        },
+        "machine": machine(),
         "shapes": "moshiko depformer: 4096 in, 1024 wide, 16 heads, 6 layers, FFN 2816, "
         "8 steps, card 2048, bf16",
         "weight_bytes": read_bytes,

@@ -19,10 +19,8 @@ import argparse
 import json
 import logging
 import os
-import platform
 import statistics
 import sys
-from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -31,7 +29,7 @@ os.environ.setdefault("NO_TORCH_COMPILE", "1")
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch
-import triton  # type: ignore[import-not-found,import-untyped,unused-ignore]
+from gpu_timing import count_kernels, kernel_names, machine, replay_ms, summary
 from torch import nn
 from torch.nn import functional
 
@@ -48,47 +46,9 @@ from kernels.step_attention import step_attention
 
 log = logging.getLogger("kernels_layer")
 REPEATS = 20  # calls per captured graph in the kernel timings
-REPLAYS = 50
 HBM_BYTES_PER_S = 4.8e12  # H200 HBM3e peak
 EPS = 1e-8
 GREEDY = Sampling(greedy=True, temperature=1.0, top_k=1)
-
-
-def kernel_names(stage: Callable[[], object]) -> Counter[str]:
-    """How many times one eager run of stage launches each kernel (torch profiler)."""
-    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
-        stage()
-        torch.cuda.synchronize()
-    return Counter(e.name for e in prof.events() if e.device_type.name == "CUDA")
-
-
-def count_kernels(stage: Callable[[], object]) -> int:
-    return sum(kernel_names(stage).values())
-
-
-def replay_ms(stage: Callable[[], object], repeats: int = 1) -> list[float]:
-    """Capture `repeats` calls of stage in one CUDA graph; ms per replay, sorted."""
-    side = torch.cuda.Stream()  # type: ignore[no-untyped-call]
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        for _ in range(3):
-            stage()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for _ in range(repeats):
-            stage()
-    times = []
-    for index in range(REPLAYS + 5):
-        begin = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
-        end = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
-        begin.record()
-        graph.replay()
-        end.record()
-        end.synchronize()
-        if index >= 5:
-            times.append(begin.elapsed_time(end))
-    return sorted(times)
 
 
 def step_attention_torch(
@@ -107,8 +67,8 @@ def step_attention_torch(
 def kernel_row(
     name: str, fused: Callable[[], object], torch_ops: Callable[[], object], moved: int
 ) -> dict[str, Any]:
-    fused_us = 1e3 * statistics.median(replay_ms(fused, REPEATS)) / REPEATS
-    torch_us = 1e3 * statistics.median(replay_ms(torch_ops, REPEATS)) / REPEATS
+    fused_us = 1e3 * statistics.median(replay_ms(fused, repeats=REPEATS)) / REPEATS
+    torch_us = 1e3 * statistics.median(replay_ms(torch_ops, repeats=REPEATS)) / REPEATS
     return {
         "kernel": name,
         "fused_us": round(fused_us, 2),
@@ -193,12 +153,9 @@ def stages(slots: int) -> dict[str, Any]:
     for name, stage in (("temporal", temporal), ("depformer", depformer)):
         for fused in (False, True):
             set_fused(lm, fused)
-            times = replay_ms(stage)
             key = f"{name}_{'fused' if fused else 'torch'}"
             names = kernel_names(stage)
-            row[key] = {
-                "median_ms": round(statistics.median(times), 3),
-                "p99_ms": round(times[int(0.99 * (len(times) - 1))], 3),
+            row[key] = summary(replay_ms(stage)) | {
                 "kernels": sum(names.values()),
                 # launches per kernel name, the 12 most frequent (names truncated)
                 "most_launched": {name[:80]: n for name, n in names.most_common(12)},
@@ -215,13 +172,7 @@ def main() -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
     result: dict[str, Any] = {
         "command": " ".join(sys.argv),
-        "machine": {
-            "gpu": torch.cuda.get_device_name(),
-            "python": platform.python_version(),
-            "torch": torch.__version__,
-            "triton": triton.__version__,
-            "cuda": torch.version.cuda,
-        },
+        "machine": machine(),
         "model": "moshiko 7B shapes, random weights, bf16, context 1500 frames, rings full",
         "kernels": [],
         "stages": [],

@@ -41,6 +41,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import numpy as np
 import torch
 from engine_gpu import SAMPLES, build, percentiles
+from gpu_timing import machine, replay_ms
 from torch.nn import functional
 
 import kernels.ring_attention as ring
@@ -93,28 +94,7 @@ def config_name(config: Config) -> str:
 
 def graph_ms(fn: Callable[[], object], replays: int = REPLAYS) -> float:
     """Median ms of one replay of fn captured as a CUDA graph (warmed up outside it)."""
-    side = torch.cuda.Stream()  # type: ignore[no-untyped-call]
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        fn()
-        fn()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        fn()
-    for _ in range(3):
-        graph.replay()
-    times = []
-    for _ in range(replays):
-        begin = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call,unused-ignore]
-        end = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call,unused-ignore]
-        begin.record()
-        graph.replay()
-        end.record()
-        end.synchronize()
-        times.append(begin.elapsed_time(end))
-    del graph
-    return float(statistics.median(times))
+    return float(statistics.median(replay_ms(fn, replays)))
 
 
 def ceilings_gbs() -> tuple[float, float]:
@@ -337,11 +317,7 @@ def main() -> int:
     torch.backends.cuda.matmul.allow_tf32 = True
     result: dict[str, Any] = {
         "command": " ".join(sys.argv),
-        "machine": {
-            "gpu": torch.cuda.get_device_name(),
-            "torch": torch.__version__,
-            "cuda": torch.version.cuda,
-        },
+        "machine": machine(),
         "shapes": f"{HEADS} heads x {HEAD_DIM}, ring {CAPACITY} frames, bf16",
     }
 

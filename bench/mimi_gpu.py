@@ -22,7 +22,6 @@ import functools
 import json
 import logging
 import math
-import platform
 import statistics
 import sys
 import time
@@ -34,8 +33,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import torch
-import triton  # type: ignore[import-not-found,import-untyped,unused-ignore]
-from engine_stages import count_kernels, time_graph
+from gpu_timing import count_kernels, machine, replay_ms, summary
 
 import kernels.mimi_transformer as step_kernel
 from engine.models.moshi.config import moshiko
@@ -62,22 +60,8 @@ LAUNCHES = 20  # ring_attention_step launches per captured graph in the sweep
 
 def time_launches(launch: Callable[[], object]) -> float:
     """us per call of `launch`: median of 10 replays of a graph of LAUNCHES calls."""
-    launch()  # Triton compiles here, outside the capture
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for _ in range(LAUNCHES):
-            launch()
-    times = []
-    for _ in range(12):
-        begin = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
-        end = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
-        begin.record()
-        graph.replay()
-        end.record()
-        end.synchronize()
-        times.append(begin.elapsed_time(end) * 1000 / LAUNCHES)
-    return float(statistics.median(times[2:]))
+    times = replay_ms(launch, replays=10, repeats=LAUNCHES)
+    return float(statistics.median(times)) * 1000 / LAUNCHES
 
 
 def sweep_attention(counts: list[int]) -> list[dict[str, Any]]:
@@ -169,7 +153,7 @@ def measure(slots: int, profile: bool) -> dict[str, Any]:
             }
             for stage, run in plan.items():
                 key = f"{path}_{stage}"
-                row[key] = time_graph(run) | {"kernels": count_kernels(run)}
+                row[key] = summary(replay_ms(run)) | {"kernels": count_kernels(run)}
                 log.info("%d slots %s %s", slots, key, row[key])
                 if profile and path == "fused":
                     row[f"{key}_top"] = top_kernels(run)
@@ -193,12 +177,8 @@ def main() -> int:
     counts = [int(s) for s in args.slots.split(",")]
     result: dict[str, Any] = {
         "command": " ".join(sys.argv),
-        "machine": {
-            "gpu": torch.cuda.get_device_name(),
-            "python": platform.python_version(),
-            "torch": torch.__version__,
-            "triton": triton.__version__,
-            "cuda": torch.version.cuda,
+        "machine": machine()
+        | {
             "cudnn_allow_tf32": torch.backends.cudnn.allow_tf32,
             "matmul_allow_tf32": torch.backends.cuda.matmul.allow_tf32,
         },

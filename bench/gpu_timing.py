@@ -1,0 +1,86 @@
+"""How the GPU benches time things: CUDA-graph replays, kernel counts, the machine they ran on.
+
+    replay_ms(fn, replays, repeats)  ms per replay of a graph holding `repeats` calls of fn
+    summary(times)                   {"median_ms", "p99_ms"}
+    kernel_names(fn) / count_kernels(fn)  kernels one eager call of fn launches (torch profiler)
+    machine()                        GPU, multiprocessors and versions, for each result's JSON
+
+fn is warmed up on a side stream first (Triton compiles, cuBLAS picks, allocations settle)
+and the graph is replayed a few times before the timed replays; each replay is timed alone
+with CUDA events, so what is timed is the device's work, not Python's.
+"""
+
+import platform
+import statistics
+from collections import Counter
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+WARMUP_CALLS = 3
+WARMUP_REPLAYS = 3
+
+
+def replay_ms(fn: Callable[[], object], replays: int = 50, repeats: int = 1) -> list[float]:
+    """Capture `repeats` calls of fn in one CUDA graph; ms of each of `replays` replays."""
+    side = torch.cuda.Stream()  # type: ignore[no-untyped-call]
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(WARMUP_CALLS):
+            fn()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(repeats):
+            fn()
+    for _ in range(WARMUP_REPLAYS):
+        graph.replay()
+    times = []
+    for _ in range(replays):
+        begin = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call,unused-ignore]
+        end = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call,unused-ignore]
+        begin.record()
+        graph.replay()
+        end.record()
+        end.synchronize()
+        times.append(begin.elapsed_time(end))
+    del graph
+    return times
+
+
+def summary(times: list[float]) -> dict[str, float]:
+    ordered = sorted(times)
+    return {
+        "median_ms": round(statistics.median(ordered), 4),
+        "p99_ms": round(ordered[min(len(ordered) - 1, int(0.99 * len(ordered)))], 4),
+    }
+
+
+def kernel_names(fn: Callable[[], object]) -> Counter[str]:
+    """How many times one eager call of fn launches each kernel (torch profiler)."""
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        fn()
+        torch.cuda.synchronize()
+    return Counter(e.name for e in prof.events() if e.device_type.name == "CUDA")
+
+
+def count_kernels(fn: Callable[[], object]) -> int:
+    return sum(kernel_names(fn).values())
+
+
+def machine() -> dict[str, Any]:
+    found: dict[str, Any] = {
+        "gpu": torch.cuda.get_device_name(),
+        "multiprocessors": torch.cuda.get_device_properties(0).multi_processor_count,
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+    }
+    try:
+        import triton  # type: ignore[import-not-found,import-untyped,unused-ignore]
+
+        found["triton"] = triton.__version__
+    except ImportError:
+        pass
+    return found
