@@ -108,8 +108,6 @@ def run_infer(args: argparse.Namespace) -> int:
     from engine.models.moshi.model import MoshiModel
 
     try:
-        if (args.checkpoint is None) == (args.random_weights is None):
-            raise InputError("give exactly one of --checkpoint DIR and --random-weights SEED")
         pcm, rate = read_wav(args.input)
         options = ModelOptions(
             checkpoint=args.checkpoint,
