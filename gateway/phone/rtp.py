@@ -149,15 +149,13 @@ class RtpStream(asyncio.DatagramProtocol):
         """Packet instants that passed unsent: drop their audio, keep the RTP clock on time."""
         self.counters.skipped += packets
         self.session.downlink.skip(packets)
-        self._sender.timestamp = (self._sender.timestamp + packets * self.packet_samples) & (
-            0xFFFFFFFF
-        )
+        self._sender.advance(packets * self.packet_samples)
 
     def send_packet(self) -> None:
         pcm = self.session.downlink.next_packet()
         if self.direction not in SENDING or self._transport is None:
             self.counters.held += 1
-            self._sender.timestamp = (self._sender.timestamp + pcm.size) & 0xFFFFFFFF
+            self._sender.advance(pcm.size)
             return
         self._transport.sendto(self._sender.audio(self._encode(pcm), pcm.size), self.remote)
         self.counters.sent += 1

@@ -40,8 +40,12 @@ class RtpSender:
         """One audio packet of `samples` samples; the first of the stream carries the marker."""
         data = self._packet(self.payload_type, payload, self._first, self.timestamp)
         self._first = False
-        self.timestamp = (self.timestamp + samples) & 0xFFFFFFFF
+        self.advance(samples)
         return data
+
+    def advance(self, samples: int) -> None:
+        """Move the timestamp past `samples` not sent (held or skipped packet instants)."""
+        self.timestamp = (self.timestamp + samples) & 0xFFFFFFFF
 
     def press(
         self, event_payload_type: int, digit: str, duration_s: float, packet_s: float = 0.02
