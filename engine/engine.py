@@ -29,6 +29,8 @@ log = logging.getLogger(__name__)
 
 PCM_SCALE = 1.0 / 32768.0
 RECENT_TICKS = 2048  # ticks kept for the status reply's percentiles
+# the per-slot control fields a new call starts from zero
+CALL_COUNTERS = ("ticks", "misses", "underruns", "overruns", "uplink_frames", "downlink_frames")
 
 
 @dataclass(frozen=True)
@@ -163,9 +165,8 @@ class Engine:
         self._media_started[reset] = False
         self._downlink_frame[reset] = 0
         ctrl = self.ring.control
-        for field in ("ticks", "misses", "underruns", "overruns", "uplink_frames"):
+        for field in CALL_COUNTERS:
             ctrl[field][reset] = 0
-        ctrl["downlink_frames"][reset] = 0
 
     def _observe(
         self,

@@ -226,9 +226,8 @@ class SharedRing:
 
     def close(self) -> None:
         """Drop the views, close the mapping, and unlink the segment if this side created it."""
-        for attr in ("header", "control", "up_stamps", "up_pcm", "down_stamps", "down_tokens"):
-            delattr(self, attr)
-        del self.down_pcm
+        del self.header, self.control, self.up_stamps, self.up_pcm
+        del self.down_stamps, self.down_tokens, self.down_pcm
         self._shm.close()
         if self._owner:
             self._shm.unlink()
