@@ -63,9 +63,7 @@ class Downlink:
     def _append(self, x: NDArray[np.float32]) -> None:
         overflow = self._fill + x.size - self._max
         if overflow > 0:
-            drop = min(overflow, self._fill)
-            self._queue[: self._fill - drop] = self._queue[drop : self._fill]
-            self._fill -= drop
+            self._discard(min(overflow, self._fill))
             self.dropped_samples += overflow
             x = x[-(self._max - self._fill) :] if x.size > self._max - self._fill else x
         self._queue[self._fill : self._fill + x.size] = x
@@ -74,8 +72,7 @@ class Downlink:
     def skip(self, packets: int) -> None:
         """Drop the audio of packet instants that passed unsent, so the queue stays on time."""
         drop = min(self._fill, packets * self.packet_samples)
-        self._queue[: self._fill - drop] = self._queue[drop : self._fill]
-        self._fill -= drop
+        self._discard(drop)
         self.dropped_samples += drop
 
     def next_packet(self) -> NDArray[np.int16]:
@@ -84,8 +81,12 @@ class Downlink:
         out = np.zeros(n, np.float32)
         have = min(n, self._fill)
         out[:have] = self._queue[:have]
-        self._queue[: self._fill - have] = self._queue[have : self._fill]
-        self._fill -= have
+        self._discard(have)
         if have == 0:
             self.silent_packets += 1
         return to_int16(out)
+
+    def _discard(self, n: int) -> None:
+        """Drop the oldest `n` queued samples."""
+        self._queue[: self._fill - n] = self._queue[n : self._fill]
+        self._fill -= n
