@@ -8,7 +8,6 @@ reaches the tick only through the slot table's snapshot.
 """
 
 import logging
-import sys
 import threading
 import time
 from collections import deque
@@ -19,7 +18,7 @@ import numpy as np
 
 from engine.clock import TickClock, sleep_until
 from engine.executors import Executor
-from engine.metrics import EngineMetrics
+from engine.metrics import EngineMetrics, loaded_cuda_torch
 from engine.models.base import AgeableModel, Mask
 from engine.ring import EngineState, SharedRing, SlotState
 from engine.slots import Admission, SlotTable
@@ -305,8 +304,8 @@ def _busy_share(durations_s: deque[float], period_ns: int) -> float | None:
 
 def _gpu_memory_gb() -> dict[str, float] | None:
     """torch.cuda's allocated and peak memory, only where the model already loaded torch."""
-    torch = sys.modules.get("torch")
-    if torch is None or not torch.cuda.is_available():
+    torch = loaded_cuda_torch()
+    if torch is None:
         return None
     return {
         "allocated": round(torch.cuda.memory_allocated() / 1e9, 2),

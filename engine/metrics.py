@@ -9,6 +9,7 @@ multiprocess mode would drop them).
 
 import sys
 from collections.abc import Iterable
+from types import ModuleType
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info
 from prometheus_client.core import GaugeMetricFamily
@@ -22,17 +23,23 @@ PHASES = ("gather", "step", "scatter")
 ADMISSION_OUTCOMES = ("accepted", "full", "draining", "starting")
 
 
+def loaded_cuda_torch() -> ModuleType | None:
+    """torch, only where the model has already imported it and CUDA is up: the echo model must
+    run without torch, so this never imports it."""
+    torch = sys.modules.get("torch")
+    return torch if torch is not None and torch.cuda.is_available() else None
+
+
 class GpuMemoryCollector(Collector):
     """torch.cuda's memory counters, read at scrape time.
 
-    Only when the model has already imported torch and CUDA is up: the echo model must run
-    without torch, so this never imports it, and on a CPU-only engine the metrics are absent
+    Only where `loaded_cuda_torch` finds torch: on a CPU-only engine the metrics are absent
     rather than a misleading zero.
     """
 
     def collect(self) -> Iterable[GaugeMetricFamily]:
-        torch = sys.modules.get("torch")
-        if torch is None or not torch.cuda.is_available():
+        torch = loaded_cuda_torch()
+        if torch is None:
             return []
         allocated = GaugeMetricFamily(
             "cadence_engine_gpu_memory_allocated_bytes",
