@@ -149,9 +149,9 @@ class Engine:
         missed = published_ns > self.clock.deadline_ns(tick)
         self._observe(tick, rows, underrun, skipped, missed, published_ns)
         m = self.metrics
-        m.phase_duration.labels("gather").observe(t_gathered - t_start)
-        m.phase_duration.labels("step").observe(t_stepped - t_gathered)
-        m.phase_duration.labels("scatter").observe(t_scattered - t_stepped)
+        m.phases["gather"].observe(t_gathered - t_start)
+        m.phases["step"].observe(t_stepped - t_gathered)
+        m.phases["scatter"].observe(t_scattered - t_stepped)
         duration_s = (published_ns - release_ns) / 1e9
         self.recent_ticks_s.append(duration_s)
         m.tick_duration.observe(duration_s, self._exemplar(rows) if missed else None)

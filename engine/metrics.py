@@ -120,7 +120,7 @@ class EngineMetrics:
             registry=r,
         )
         r.register(GpuMemoryCollector())
-        for phase in PHASES:
-            self.phase_duration.labels(phase)
+        # each phase's child looked up once, not on every tick
+        self.phases = {phase: self.phase_duration.labels(phase) for phase in PHASES}
         for outcome in ADMISSION_OUTCOMES:
             self.admissions.labels(outcome)
