@@ -284,12 +284,18 @@ class ClientNonInvite(Transaction):
             return Step()
         if event is not Input.PROVISIONAL:
             self._arm(Input.K, now, 0.0 if self.reliable else self.timers.t4)
-        elif before is State.TRYING and not self.reliable:
-            self._arm(Input.E, now, self.timers.t2)
-            self._arm(Input.F, now, 64 * self.timers.t1 - (now - self.created))
         elif before is State.TRYING:
+            if not self.reliable:
+                self._arm(Input.E, now, self.timers.t2)
             self._arm(Input.F, now, 64 * self.timers.t1 - (now - self.created))
         return Step(deliver=response)
+
+
+_SENDING = {  # a response class as the server transaction's input when the TU sends one
+    Input.PROVISIONAL: Input.SEND_PROVISIONAL,
+    Input.SUCCESS: Input.SEND_SUCCESS,
+    Input.FAILURE: Input.SEND_FAILURE,
+}
 
 
 class ServerTransaction(Transaction):
@@ -304,13 +310,7 @@ class ServerTransaction(Transaction):
 
     def respond(self, response: Response, now: float) -> Step:
         event = classify(response.status)
-        self._advance(
-            {
-                Input.PROVISIONAL: Input.SEND_PROVISIONAL,
-                Input.SUCCESS: Input.SEND_SUCCESS,
-                Input.FAILURE: Input.SEND_FAILURE,
-            }[event]
-        )
+        self._advance(_SENDING[event])
         self._after_response(event, now)
         return Step(sends=[self._send(response.encode())])
 
