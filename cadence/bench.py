@@ -23,7 +23,6 @@ import json
 import logging
 import os
 import platform
-import signal
 import socket
 import subprocess
 import sys
@@ -33,12 +32,13 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from cadence.supervise import engine_status
+from cadence.supervise import stop_child, unlink_segment, wait_ready
 from engine.control import ask
 
 log = logging.getLogger(__name__)
 
 PROGRESS_EVERY_S = 10.0
+STOP_TIMEOUT_S = 30.0  # a large model's engine may take a while to free the GPU
 AGE_AFTER_S = 0.5  # after the last open, before aging: several ticks, so every call has reset
 
 
@@ -104,14 +104,8 @@ def _hold_calls(calls: int, args: argparse.Namespace, engine_argv: list[str]) ->
     ]
     engine = subprocess.Popen(cmd)
     try:
-        deadline = time.monotonic() + args.ready_timeout
-        status: dict[str, Any] | None = None
-        while status is None or status.get("state") != "ready":
-            if engine.poll() is not None or time.monotonic() > deadline:
-                log.error("the engine for %d calls did not become ready", calls)
-                return {"calls": calls, "error": "engine not ready"}
-            time.sleep(0.2)
-            status = engine_status(control)
+        if not wait_ready(engine, control, args.ready_timeout):
+            return {"calls": calls, "error": "engine not ready"}
         with socket.socket(socket.AF_UNIX) as sock:
             sock.connect(str(control))
             for i in range(calls):
@@ -152,14 +146,7 @@ def _hold_calls(calls: int, args: argparse.Namespace, engine_argv: list[str]) ->
             "zero_misses": missed == 0 and status["misses"] == 0,
         }
     finally:
-        if engine.poll() is None:
-            engine.send_signal(signal.SIGTERM)
-            try:
-                engine.wait(30)
-            except subprocess.TimeoutExpired:
-                engine.kill()
-                engine.wait()
-                # a killed engine could not unlink its shared memory (POSIX shm: /dev/shm)
-                Path("/dev/shm", ring).unlink(missing_ok=True)
+        stop_child(engine, STOP_TIMEOUT_S)
+        unlink_segment(ring)  # a killed engine could not unlink its own
         control.unlink(missing_ok=True)
         runtime.rmdir()

@@ -18,6 +18,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from multiprocessing import shared_memory
 from pathlib import Path
 from types import FrameType
@@ -45,6 +46,51 @@ def engine_status(control: Path, timeout_s: float = 1.0) -> dict[str, Any] | Non
         return ask_once(control, {"op": "status"}, timeout_s)
     except (OSError, ValueError):  # ControlError is an OSError; a torn reply a ValueError
         return None
+
+
+def wait_ready(
+    engine: "subprocess.Popen[Any]",
+    control: Path,
+    timeout_s: float,
+    stopping: Callable[[], bool] = lambda: False,
+) -> bool:
+    """Until the engine answers `status` as ready; False (logged) if it exits first, the
+    timeout passes, or `stopping()` turns true."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline and not stopping():
+        if engine.poll() is not None:
+            log.error("engine exited with status %d before it was ready", engine.returncode)
+            return False
+        status = engine_status(control)
+        if status is not None and status.get("state") == "ready":
+            return True
+        time.sleep(0.05)
+    if not stopping():
+        log.error("engine was not ready within %.0f s", timeout_s)
+    return False
+
+
+def stop_child(child: "subprocess.Popen[Any]", timeout_s: float = STOP_TIMEOUT_S) -> None:
+    """SIGTERM, then SIGKILL if it has not exited within `timeout_s`."""
+    if child.poll() is not None:
+        return
+    child.send_signal(signal.SIGTERM)
+    try:
+        child.wait(timeout_s)
+    except subprocess.TimeoutExpired:
+        log.error("child %d did not stop in %.0f s: killing it", child.pid, timeout_s)
+        child.kill()
+        child.wait()
+
+
+def unlink_segment(name: str) -> None:
+    """Remove the shared memory of an engine that died without unlinking it."""
+    try:
+        segment = shared_memory.SharedMemory(name=name)
+    except FileNotFoundError:
+        return
+    segment.close()
+    segment.unlink()
 
 
 class Supervisor:
@@ -102,13 +148,13 @@ class Supervisor:
 
     def _run(self) -> int:
         self.engine = self._start_engine()
-        if not self._wait_ready(self.engine):
+        if not wait_ready(self.engine, self.control, self._ready_timeout_s, lambda: self._stop):
             return 1
         self.gateway = self._start_gateway()
         while not self._stop:
             if self.engine.poll() is not None:
                 log.error("engine exited with status %d", self.engine.returncode)
-                _unlink_segment(self.ring_name)
+                unlink_segment(self.ring_name)
                 if not self._may_restart():
                     return 1
                 self.engine = self._start_engine()
@@ -130,39 +176,8 @@ class Supervisor:
         log.info("restarting it")
         return True
 
-    def _wait_ready(self, engine: "subprocess.Popen[bytes]") -> bool:
-        deadline = time.monotonic() + self._ready_timeout_s
-        while time.monotonic() < deadline and not self._stop:
-            if engine.poll() is not None:
-                log.error("engine exited with status %d before it was ready", engine.returncode)
-                return False
-            status = engine_status(self.control)
-            if status is not None and status.get("state") == "ready":
-                return True
-            time.sleep(0.05)
-        if not self._stop:
-            log.error("engine was not ready within %.0f s", self._ready_timeout_s)
-        return False
-
     def _shutdown(self) -> None:
         for child in (self.gateway, self.engine):
-            if child is None or child.poll() is not None:
-                continue
-            child.send_signal(signal.SIGTERM)
-            try:
-                child.wait(STOP_TIMEOUT_S)
-            except subprocess.TimeoutExpired:
-                log.error("child %d did not stop in %.0f s: killing it", child.pid, STOP_TIMEOUT_S)
-                child.kill()
-                child.wait()
+            if child is not None:
+                stop_child(child)
         shutil.rmtree(self.runtime, ignore_errors=True)
-
-
-def _unlink_segment(name: str) -> None:
-    """Remove the shared memory of an engine that died without unlinking it."""
-    try:
-        segment = shared_memory.SharedMemory(name=name)
-    except FileNotFoundError:
-        return
-    segment.close()
-    segment.unlink()

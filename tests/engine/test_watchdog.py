@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from cadence.supervise import engine_status
+from cadence.supervise import wait_ready
 from engine.clock import TickClock
 from engine.control import ask_once
 from engine.engine import Engine
@@ -119,11 +119,7 @@ def test_hung_engine_exits_and_unlinks_its_ring(tmp_path: Path) -> None:
         text=True,
     )
     try:
-        deadline = time.monotonic() + 30
-        while (engine_status(control) or {}).get("state") != "ready":
-            assert engine.poll() is None, engine.stderr.read() if engine.stderr else ""
-            assert time.monotonic() < deadline, "engine not ready"
-            time.sleep(0.1)
+        assert wait_ready(engine, control, 30.0)
         assert Path(f"/dev/shm/{ring}").exists()
         assert ask_once(control, {"op": "stall", "seconds": 5})["ok"]
         stalled = time.monotonic()
