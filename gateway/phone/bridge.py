@@ -29,7 +29,7 @@ from typing import Any
 
 from gateway.calls import Call, CallRefused, CallRegistry
 from gateway.config import GatewayConfig
-from gateway.phone.codec import RATE, G711Decoder
+from gateway.phone.codec import G711Decoder
 from gateway.phone.pacer import RtpPacer
 from gateway.phone.ports import RtpPorts
 from gateway.phone.registration import Registration
@@ -314,8 +314,7 @@ class PhoneBridge:
             self._spawn(self._end(call.id, "bad_answer"))
             return
         phone.decoder.use(stream.codec)
-        call.session.downlink.packet_samples = stream.ptime_ms * RATE // 1000
-        phone.rtp.accept(stream)
+        phone.rtp.accept(stream)  # the downlink's packet size with it
         self.pacer.add(phone.rtp)
         call.state = "live"
         log.info("call %s answered: %s %d ms", call.id, stream.codec, stream.ptime_ms)

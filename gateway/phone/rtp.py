@@ -68,10 +68,11 @@ class RtpStream(asyncio.DatagramProtocol):
         self.accept(stream)
 
     def accept(self, stream: AudioStream) -> None:
-        """Take what offer/answer settled (an outbound call learns it only from the answer)."""
+        """Take what offer/answer settled (an outbound call learns it only from the answer),
+        the send queue's packet size included."""
         self.stream = stream
-        self.packet_samples = stream.ptime_ms * RATE // 1000
         self.packet_ms = stream.ptime_ms
+        self.session.downlink.packet_samples = stream.ptime_ms * RATE // 1000
         self._encode = encoder(stream.codec)
         self._sender.payload_type = stream.payload_type
         self.set_direction(stream.direction, (stream.remote_address, stream.remote_port))
@@ -149,7 +150,7 @@ class RtpStream(asyncio.DatagramProtocol):
         """Packet instants that passed unsent: drop their audio, keep the RTP clock on time."""
         self.counters.skipped += packets
         self.session.downlink.skip(packets)
-        self._sender.advance(packets * self.packet_samples)
+        self._sender.advance(packets * self.session.downlink.packet_samples)
 
     def send_packet(self) -> None:
         pcm = self.session.downlink.next_packet()
