@@ -123,11 +123,7 @@ class CallRegistry:
         except BaseException:
             await self._release(lease)
             raise
-        self.calls[call_id] = call
-        self.metrics.calls_active.labels("webrtc").inc()
-        self.metrics.setup_duration.labels("webrtc").observe(
-            time.monotonic() - t0, {"call_id": call_id}
-        )
+        self._register(call, t0)
         log.info("call %s answered on slot %d gen %d", call_id, lease.slot, lease.generation)
         return call, answer_sdp
 
@@ -156,13 +152,17 @@ class CallRegistry:
         downlink = Downlink(spec.sample_rate, decoder.rate, packet_samples, queue_s)
         call = Call(call_id, "sip", lease, MediaSession(self.ring, lease, uplink, downlink))
         call.state = "ringing"
-        self.calls[call_id] = call
-        self.metrics.calls_active.labels("sip").inc()
-        self.metrics.setup_duration.labels("sip").observe(
-            time.monotonic() - t0, {"call_id": call_id}
-        )
+        self._register(call, t0)
         log.info("call %s admitted on slot %d gen %d", call_id, lease.slot, lease.generation)
         return call
+
+    def _register(self, call: Call, t0: float) -> None:
+        """Count a set-up call live; `t0` is when its setup began (monotonic seconds)."""
+        self.calls[call.id] = call
+        self.metrics.calls_active.labels(call.transport).inc()
+        self.metrics.setup_duration.labels(call.transport).observe(
+            time.monotonic() - t0, {"call_id": call.id}
+        )
 
     async def _admit(self, call_id: str) -> SlotLease:
         if self.engine.hello.get("ring") != self.ring.name:
