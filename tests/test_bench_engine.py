@@ -6,26 +6,24 @@ import sys
 from pathlib import Path
 
 
-def test_sweep_holds_each_call_count_and_reports_the_largest(tmp_path: Path) -> None:
-    out = tmp_path / "bench.json"
-    done = subprocess.run(
+def bench(*flags: str, timeout_s: float = 120) -> "subprocess.CompletedProcess[str]":
+    """`cadence bench engine --model=echo FLAGS` (no metrics port, warnings only)."""
+    return subprocess.run(
         [
             sys.executable,
-            "-m",
-            "cadence",
-            "bench",
-            "engine",
-            "--model=echo",
-            "--sweep=3,1",
-            "--seconds=2",
-            "--metrics-port=0",
+            *("-m", "cadence", "bench", "engine", "--model=echo", "--metrics-port=0"),
             "--log-level=warning",
-            f"--json={out}",
+            *flags,
         ],
         capture_output=True,
         text=True,
-        timeout=120,
+        timeout=timeout_s,
     )
+
+
+def test_sweep_holds_each_call_count_and_reports_the_largest(tmp_path: Path) -> None:
+    out = tmp_path / "bench.json"
+    done = bench("--sweep=3,1", "--seconds=2", f"--json={out}")
     assert done.returncode == 0, done.stderr
     result = json.loads(out.read_text())
     assert json.loads(done.stdout) == result
@@ -44,12 +42,7 @@ def test_sweep_holds_each_call_count_and_reports_the_largest(tmp_path: Path) -> 
 
 
 def test_bad_sweep_is_one_clear_error() -> None:
-    done = subprocess.run(
-        [sys.executable, "-m", "cadence", "bench", "engine", "--model=echo", "--sweep=0,5"],
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    done = bench("--sweep=0,5", timeout_s=60)
     assert done.returncode == 2
     assert "--sweep" in done.stderr
     assert "Traceback" not in done.stderr
@@ -59,25 +52,7 @@ def test_full_context_on_a_model_without_contexts_is_an_error_not_a_result(
     tmp_path: Path,
 ) -> None:
     out = tmp_path / "bench.json"
-    done = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "cadence",
-            "bench",
-            "engine",
-            "--model=echo",
-            "--slots=1",
-            "--seconds=1",
-            "--full-context",
-            "--metrics-port=0",
-            "--log-level=warning",
-            f"--json={out}",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    done = bench("--slots=1", "--seconds=1", "--full-context", f"--json={out}", timeout_s=60)
     assert done.returncode == 1, done.stderr
     (run,) = json.loads(out.read_text())["runs"]
     assert "age refused" in run["error"]
