@@ -37,6 +37,7 @@ class TokenDelays(nn.Module):
         self.cache: Tensor
         self.provided: Tensor
         self.offsets: Tensor
+        self.user_streams: Tensor
         long = torch.long
         self.register_buffer("delays", torch.tensor(delays, device=device, dtype=long), False)
         self.register_buffer("initial", torch.tensor(initial, device=device, dtype=long), False)
@@ -47,6 +48,9 @@ class TokenDelays(nn.Module):
             "provided", torch.zeros(slots, streams, ring, device=device, dtype=torch.bool), False
         )
         self.register_buffer("offsets", torch.zeros(slots, device=device, dtype=long), False)
+        # bool [streams]: the user's audio codebooks, given every step rather than sampled
+        user_streams = torch.arange(streams, device=device) >= model_streams
+        self.register_buffer("user_streams", user_streams, False)
 
     @property
     def ring(self) -> int:
@@ -85,13 +89,8 @@ class TokenDelays(nn.Module):
         Returns the emitted frame (int64 [slots, model_streams]) and whether it exists
         (bool [slots]; before step max_delay there is nothing to emit).
         """
-        slots = self.cache.shape[0]
         read_position = torch.remainder(self.offsets, self.ring).view(-1, 1, 1)
-        self.provided.scatter_(
-            2,
-            read_position.expand(-1, self.cache.shape[1], 1),
-            torch.zeros(slots, self.cache.shape[1], 1, device=self.cache.device, dtype=torch.bool),
-        )
+        self.provided.scatter_(2, read_position.expand(-1, self.cache.shape[1], 1), False)
         self.offsets.add_(1)
         tokens, flags = self.targets_at(self.offsets)
         kept = torch.where(flags, tokens, generated)

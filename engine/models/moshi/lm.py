@@ -93,15 +93,8 @@ class MoshiLm(nn.Module):
     def step(self, user_codes: Tensor, reset: Tensor) -> tuple[Tensor, Tensor]:
         """See the module docstring; `reset` rows start a new call before this step."""
         self.reset(reset)
-        streams = self.delays.delays.shape[0]
-        model_streams = self.delays.model_streams
-        given = torch.zeros(
-            user_codes.shape[0], streams, device=user_codes.device, dtype=torch.long
-        )
-        given[:, model_streams:] = user_codes
-        user = torch.zeros(streams, device=user_codes.device, dtype=torch.bool)
-        user[model_streams:] = True
-        self.delays.provide(given, user.expand(user_codes.shape[0], -1))
+        given = functional.pad(user_codes, (self.delays.model_streams, 0))  # [slots, streams]
+        self.delays.provide(given, self.delays.user_streams.expand(user_codes.shape[0], -1))
         frame, emitted, _ = self.advance()
         return frame, emitted
 
