@@ -137,33 +137,15 @@ def band_limited_noise(seconds: float, seed: int = 7) -> NDArray[np.int16]:
 
 
 def echo_delay(peer: RtpPeer, window_s: float = 0.5) -> tuple[float, float]:
-    """(median correlation, median seconds from a sample's sending to its echo's arrival).
-
-    Per window of sent audio, each with its own lag (a concealed packet shifts alignment);
-    the first window (setup) is left out.
-    """
+    """(median correlation, median seconds from a sample's sending to its echo's arrival), per
+    window of sent audio (`signals.echo_windows`), at the best sub-sample alignment."""
     heard, arrival = peer.audio()
-    arrival = np.maximum.accumulate(np.where(np.isnan(arrival), -np.inf, arrival))
     n = peer.packet_samples
     sent_packets = min(len(peer.sent_at), peer.signal.size // n)
     sent = peer.signal[: sent_packets * n].astype(np.float32) / 32768.0
     sent_at = np.repeat(np.asarray(peer.sent_at[:sent_packets]), n)
     w = int(window_s * RATE)
-    peaks, delays = [], []
-    for start in range(w, sent.size - w + 1, w):
-        ref = sent[start : start + w]
-        first = max(0, int(np.searchsorted(arrival, sent_at[start], side="left")) - n)
-        hay = heard[first : first + 2 * w]
-        if hay.size < w:
-            continue
-        size = 1 << int(np.ceil(np.log2(hay.size + w)))
-        xc = np.fft.irfft(np.fft.rfft(hay, size) * np.conj(np.fft.rfft(ref, size)), size)
-        lag = int(np.argmax(xc[: hay.size - w + 1]))
-        peaks.append(_aligned_correlation(hay[lag : lag + w], ref))
-        delays.append(float(arrival[first + lag] - sent_at[start]))
-    if not peaks:
-        return 0.0, float("nan")
-    return float(np.median(peaks)), float(np.median(delays))
+    return signals.echo_windows(sent, sent_at, heard, arrival, n, w, _aligned_correlation)
 
 
 def _aligned_correlation(heard: NDArray[np.float32], ref: NDArray[np.float32]) -> float:
@@ -180,6 +162,5 @@ def _aligned_correlation(heard: NDArray[np.float32], ref: NDArray[np.float32]) -
     for shift in np.linspace(-0.5, 0.5, 13):
         shifted = np.fft.irfft(spectrum * np.exp(-phase * shift), ref.size)
         # a circular shift: leave out the edges it wraps around
-        a, b = heard[4:-4], shifted[4:-4]
-        best = max(best, float(np.dot(a, b) / (np.linalg.norm(a) * np.linalg.norm(b) + 1e-12)))
+        best = max(best, signals.correlation(heard[4:-4], shifted[4:-4]))
     return best

@@ -128,31 +128,9 @@ async def place_call(base_url: str, signal: NDArray[np.int16], talk_s: float) ->
 def measure_delay(
     result: CallResult, signal: NDArray[np.int16], window_s: float = 0.5
 ) -> tuple[float, float]:
-    """(median peak correlation, median first-sample-in to same-sample-out seconds).
-
-    Measured per window of sent audio, each with its own lag: a concealed or dropped packet
-    shifts the alignment by 20 ms, which one global correlation would count as a mismatch.
-    The first window (call setup) is left out.
-    """
+    """(median peak correlation, median first-sample-in to same-sample-out seconds), per
+    window of sent audio (`signals.echo_windows`)."""
     heard, arrival = result.received.decode()
-    arrival = np.maximum.accumulate(np.where(np.isnan(arrival), -np.inf, arrival))
     sent = signal[: len(result.track.sent_at) * PACKET].astype(np.float32) / 32768.0
     sent_at = np.repeat(np.asarray(result.track.sent_at), PACKET)[: sent.size]
-    peaks, delays = [], []
-    w = int(window_s * RATE)
-    for start in range(w, sent.size - w + 1, w):
-        ref = sent[start : start + w]
-        # the echo arrives within a second of leaving
-        first = max(0, int(np.searchsorted(arrival, sent_at[start], side="left")) - PACKET)
-        hay = heard[first : first + 2 * w]
-        if hay.size < w:
-            continue
-        n = 1 << int(np.ceil(np.log2(hay.size + w)))
-        xc = np.fft.irfft(np.fft.rfft(hay, n) * np.conj(np.fft.rfft(ref, n)), n)
-        lag = int(np.argmax(xc[: hay.size - w + 1]))
-        a = hay[lag : lag + w]
-        peaks.append(float(np.dot(a, ref) / (np.linalg.norm(a) * np.linalg.norm(ref) + 1e-12)))
-        delays.append(float(arrival[first + lag] - sent_at[start]))
-    if not peaks:
-        return 0.0, float("nan")
-    return float(np.median(peaks)), float(np.median(delays))
+    return signals.echo_windows(sent, sent_at, heard, arrival, PACKET, int(window_s * RATE))
