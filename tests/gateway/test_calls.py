@@ -29,6 +29,17 @@ def _ring(tag: str) -> SharedRing:
     return SharedRing.create(f"cadence-test-calls-{tag}-{time.monotonic_ns()}", SPEC)
 
 
+async def _registry(
+    path: Path, ring: SharedRing, metrics: GatewayMetrics | None = None
+) -> tuple[EngineClient, CallRegistry]:
+    """A gateway's call registry on `ring`, connected to the engine's control socket."""
+    client = EngineClient(path)
+    await client.connect()
+    grid = PumpGrid(time.monotonic(), PERIOD_NS / 1e9, 4, 0.015)
+    registry = CallRegistry(GatewayConfig(path), client, ring, grid, metrics or GatewayMetrics())
+    return client, registry
+
+
 @pytest.fixture
 def restarted(tmp_path: Path) -> Iterator[tuple[SharedRing, SharedRing, SlotTable, Path]]:
     """The ring of an engine that died, and a new engine (ring, table, control socket)."""
@@ -52,10 +63,7 @@ def test_no_call_is_admitted_into_a_ring_the_media_clock_has_not_switched_to(
     old, new, table, path = restarted
 
     async def scenario() -> None:
-        client = EngineClient(path)
-        await client.connect()
-        grid = PumpGrid(time.monotonic(), PERIOD_NS / 1e9, 4, 0.015)
-        calls = CallRegistry(GatewayConfig(path), client, old, grid, GatewayMetrics())
+        client, calls = await _registry(path, old)
         with pytest.raises(CallRefused) as refused:
             await calls.start_sip(G711Decoder("PCMU"), 160)
         assert refused.value.reason == "unavailable"
@@ -78,11 +86,8 @@ def test_a_failing_transport_goodbye_still_ends_the_call_once(
     _, new, table, path = restarted
 
     async def scenario() -> None:
-        client = EngineClient(path)
-        await client.connect()
-        grid = PumpGrid(time.monotonic(), PERIOD_NS / 1e9, 4, 0.015)
         metrics = GatewayMetrics()
-        calls = CallRegistry(GatewayConfig(path), client, new, grid, metrics)
+        client, calls = await _registry(path, new, metrics)
         call = await calls.start_sip(G711Decoder("PCMU"), 160)
 
         async def goodbye(reason: str) -> None:
@@ -112,10 +117,7 @@ def test_a_call_whose_media_fails_is_ended_and_the_others_keep_their_pump(
     _, new, table, path = restarted
 
     async def scenario() -> None:
-        client = EngineClient(path)
-        await client.connect()
-        grid = PumpGrid(time.monotonic(), PERIOD_NS / 1e9, 4, 0.015)
-        calls = CallRegistry(GatewayConfig(path), client, new, grid, GatewayMetrics())
+        client, calls = await _registry(path, new)
         broken = await calls.start_sip(G711Decoder("PCMU"), 160)
         healthy = await calls.start_sip(G711Decoder("PCMU"), 160)
 
