@@ -193,22 +193,20 @@ class MoshiModel:
             -> pcm float32 [slots, 1920], tokens int32 [slots, 9]
         """
         self.mimi.reset_encoder(reset_rows)
-        if self._prompt is None:
-            replayed = torch.zeros_like(reset_rows)
-            self.lm.reset(reset_rows)
+        if self._prompt is None:  # the LM step starts these rows over
+            lm_reset, replayed = reset_rows, torch.zeros_like(reset_rows)
         else:  # `prepare` reset these rows and replayed the prompt into them
-            replayed = reset_rows
+            lm_reset, replayed = torch.zeros_like(reset_rows), reset_rows
         user_codes = self.mimi.encode(pcm)
-        no_reset = torch.zeros_like(reset_rows)
-        frame, emitted = self.lm.step(user_codes, no_reset)
+        frame, emitted = self.lm.step(user_codes, lm_reset)
         first = (self.lm.delays.offsets == self.lm.delays.max_delay + 1) | replayed
         self.mimi.reset_decoder(first)
         # rows that emitted nothing decode a placeholder; their audio is dropped below
         audio_codes = frame[:, 1:].clamp(0, self.config.lm.card - 1)
         out_pcm = self.mimi.decode(audio_codes)
         live = emitted & active_rows
-        out_pcm = torch.where(live[:, None], out_pcm, torch.zeros_like(out_pcm))
-        tokens = torch.where(live[:, None], frame, torch.full_like(frame, -1))
+        out_pcm = torch.where(live[:, None], out_pcm, 0.0)
+        tokens = torch.where(live[:, None], frame, -1)
         return out_pcm.to(torch.float32), tokens.to(torch.int32)
 
 
