@@ -30,6 +30,7 @@ CORPUS = [
     for p in sorted(HERE.glob("samples/*.sip")) + sorted(HERE.glob("torture/*/*.sip"))
 ]
 FAST = settings(max_examples=250, deadline=None, derandomize=True, database=None)
+SLOW = settings(FAST, suppress_health_check=[HealthCheck.too_slow])  # whole agent runs
 HEADERS = [
     "Via", "From", "To", "Call-ID", "CSeq", "Contact", "Route", "Record-Route", "Require",
     "Supported", "Allow", "Session-Expires", "Min-SE", "Content-Type", "Max-Forwards", "Expires",
@@ -143,13 +144,7 @@ def drain(agent: Agent, now: float) -> list[Output]:
     return outputs
 
 
-@settings(
-    max_examples=150,
-    deadline=None,
-    derandomize=True,
-    database=None,
-    suppress_health_check=[HealthCheck.too_slow],
-)
+@settings(SLOW, max_examples=150)
 @given(
     st.lists(
         st.tuples(mutated(), st.sampled_from(PEERS), st.floats(0, 5), st.integers(0, 4)),
@@ -220,13 +215,7 @@ def in_dialog(method: str, seq: int, branch: str, to_tag: str | None, body: byte
     return "\r\n".join(lines).encode() + b"\r\n\r\n" + body
 
 
-@settings(
-    max_examples=200,
-    deadline=None,
-    derandomize=True,
-    database=None,
-    suppress_health_check=[HealthCheck.too_slow],
-)
+@settings(SLOW, max_examples=200)
 @given(
     st.lists(
         st.tuples(st.sampled_from(ACTIONS), st.sampled_from(["ours", "wrong", None]),
@@ -299,13 +288,7 @@ def peer_response(invite: Request, status: int, tag: str | None, timer: bool) ->
     return response_to(invite, status, tag, tuple(headers), body).encode()
 
 
-@settings(
-    max_examples=200,
-    deadline=None,
-    derandomize=True,
-    database=None,
-    suppress_health_check=[HealthCheck.too_slow],
-)
+@settings(SLOW, max_examples=200)
 @given(
     st.lists(
         st.tuples(st.sampled_from([*STATUSES, 0, 1, 2]), st.sampled_from(["t1", "t2", None]),
