@@ -30,7 +30,7 @@ class G711Decoder:
 
     def __init__(self, codec: str) -> None:
         self.use(codec)
-        self._last: NDArray[np.float32] = np.zeros(0, np.float32)
+        self._last: NDArray[np.int16] = np.zeros(0, np.int16)  # the last packet heard
         self._gain = 1.0
 
     def use(self, codec: str) -> None:
@@ -39,7 +39,7 @@ class G711Decoder:
 
     def decode(self, packet: bytes) -> NDArray[np.int16]:
         pcm = self._decode(packet)
-        self._last = pcm.astype(np.float32)
+        self._last = pcm  # a fresh array; converted only if it is ever repeated
         self._gain = 1.0
         return pcm
 
