@@ -41,9 +41,8 @@ from engine.models.moshi.attention import (
     FP8_MAX,
     KV_FP8,
     KV_SCALE_DTYPE,
-    apply_rope,
-    quantize_kv,
-    ring_write,
+    rope_frequencies,
+    rope_kv_write,
 )
 
 # the quantization constants of attention.py, as compile-time constants of the kernel
@@ -61,19 +60,10 @@ def rope_kv_append_reference(
 ) -> Tensor:
     """The torch ops the kernel replaces (the model's torch path); returns q [B, H, T, D]."""
     q, k, v = qkv.permute(2, 0, 3, 1, 4).unbind(0)  # each [B, H, T, D]
+    freqs = None
     if max_period is not None:
-        positions = start[:, None] + torch.arange(qkv.shape[1], device=qkv.device)[None, :]
-        q = apply_rope(q, positions, max_period)
-        k = apply_rope(k, positions, max_period)
-    if scales is None:
-        ring_write(keys, k, start)
-        ring_write(values, v, start)
-    else:
-        for ring, scale, new in ((keys, scales[0], k), (values, scales[1], v)):
-            entries, entry_scale = quantize_kv(new)
-            ring_write(ring, entries, start)
-            ring_write(scale[..., None], entry_scale[..., None], start)
-    return q.contiguous()
+        freqs = rope_frequencies(qkv.shape[-1], max_period, qkv.device)
+    return rope_kv_write(q, k, v, start, keys, values, freqs, scales).contiguous()
 
 
 @triton.jit  # type: ignore[untyped-decorator,unused-ignore]

@@ -85,10 +85,10 @@ def rope_frequencies(head_dim: int, max_period: float, device: torch.device) -> 
     return torch.exp(half * (-math.log(max_period) * 2 / head_dim))
 
 
-def apply_rope(x: Tensor, positions: Tensor, max_period: float) -> Tensor:
-    """Rotate interleaved (real, imag) pairs of x: [B, H, T, D] by positions: int64 [B, T]."""
+def apply_rope(x: Tensor, positions: Tensor, freqs: Tensor) -> Tensor:
+    """Rotate interleaved (real, imag) pairs of x: [B, H, T, D] by positions: int64 [B, T];
+    freqs: rope_frequencies' fp32 [D / 2]."""
     batch, _, steps, head_dim = x.shape
-    freqs = rope_frequencies(head_dim, max_period, x.device)
     angles = freqs * positions.to(torch.float32).view(batch, 1, steps, 1)
     cos, sin = torch.cos(angles), torch.sin(angles)
     pairs = x.view(*x.shape[:-1], head_dim // 2, 2)
@@ -138,6 +138,36 @@ def dequantize_kv(entries: Tensor, scale: Tensor) -> Tensor:
     return entries.float() * scale.float()[..., None]
 
 
+def rope_kv_write(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    start: Tensor,
+    keys: Tensor,
+    values: Tensor,
+    freqs: Tensor | None,
+    scales: tuple[Tensor, Tensor] | None = None,
+) -> Tensor:
+    """One step's RoPE and ring write in torch ops (what kernels/kv_append.py does in one
+    launch): q, k, v [B, H, T, D] at positions start..start+T-1; k and v written into the
+    rings keys, values [B, H, capacity, D] (quantized, with their scales, when `scales` are
+    given); returns q, rotated. freqs: rope_frequencies' fp32 [D / 2], or None: no rotation."""
+    if freqs is not None:
+        steps = q.shape[2]
+        positions = start.view(-1, 1) + torch.arange(steps, device=q.device).view(1, -1)
+        q = apply_rope(q, positions, freqs)
+        k = apply_rope(k, positions, freqs)
+    if scales is None:
+        ring_write(keys, k, start)
+        ring_write(values, v, start)
+        return q
+    for ring_entries, ring_scale, new in ((keys, scales[0], k), (values, scales[1], v)):
+        entries, scale = quantize_kv(new)
+        ring_write(ring_entries, entries, start)
+        ring_write(ring_scale[..., None], scale[..., None], start)
+    return q
+
+
 @dataclass(frozen=True)
 class RingRead:
     """How a temporal layer reads its ring (see the module docstring).
@@ -166,11 +196,10 @@ class RingAttention(nn.Module):
     ) -> None:
         super().__init__()
         self.num_heads = num_heads
-        self.max_period = max_period  # None: no positional encoding
         # in_proj rows: [q heads | k heads | v heads], each head contiguous
         self.in_proj = nn.Linear(dim, 3 * dim, bias=False, device=device, dtype=dtype)
         self.out_proj = nn.Linear(dim, dim, bias=False, device=device, dtype=dtype)
-        self.rope_freqs: Tensor | None
+        self.rope_freqs: Tensor | None  # None: no positional encoding
         freqs = None
         if max_period is not None:
             freqs = rope_frequencies(dim // num_heads, max_period, device)
@@ -210,20 +239,9 @@ class RingAttention(nn.Module):
     ) -> Tensor:
         """The torch path: [B, T, 3, H, D] -> [B, H, T, D] through SDPA with ring.mask."""
         q, k, v = qkv.permute(2, 0, 3, 1, 4).unbind(0)  # each [B, H, T, head_dim]
-        if self.max_period is not None:
-            steps = qkv.shape[1]
-            positions = start.view(-1, 1) + torch.arange(steps, device=qkv.device).view(1, -1)
-            q = apply_rope(q, positions, self.max_period)
-            k = apply_rope(k, positions, self.max_period)
-        if ring.scales is None:
-            ring_write(keys, k, start)
-            ring_write(values, v, start)
-        else:
+        q = rope_kv_write(q, k, v, start, keys, values, self.rope_freqs, ring.scales)
+        if ring.scales is not None:
             key_scale, value_scale = ring.scales
-            for ring_entries, ring_scale, new in ((keys, key_scale, k), (values, value_scale, v)):
-                entries, scale = quantize_kv(new)
-                ring_write(ring_entries, entries, start)
-                ring_write(ring_scale[..., None], scale[..., None], start)
             keys = dequantize_kv(keys, key_scale).to(q.dtype)
             values = dequantize_kv(values, value_scale).to(q.dtype)
         out: Tensor = functional.scaled_dot_product_attention(q, keys, values, attn_mask=ring.mask)
