@@ -136,6 +136,28 @@ def test_a_frame_comes_back_one_tick_later_with_counters(
         assert ask(sock, {"op": "frobnicate"})["reason"] == "bad_request"
 
 
+def test_a_reused_slot_starts_its_counters_from_zero(
+    rig: tuple[Engine, ControlServer, Path],
+) -> None:
+    engine, _, path = rig
+    with socket.socket(socket.AF_UNIX) as sock:
+        sock.connect(str(path))
+        first = ask(sock, {"op": "open", "call_id": "first"})
+        slot, gen = int(first["slot"]), int(first["generation"])
+        writer = UplinkWriter(engine.ring, slot, gen)
+        for tick in range(3):
+            assert writer.write(np.zeros(N, np.int16))
+            engine.tick(tick)
+        engine.tick(3)  # an underrun
+        assert ask(sock, {"op": "close", "slot": slot, "generation": gen})["closed"] is True
+        second = ask(sock, {"op": "open", "call_id": "second"})
+        assert second["slot"] == slot
+        engine.tick(4)
+        counters = engine.ring.control[slot]
+        fields = ("ticks", "downlink_frames", "uplink_frames", "underruns", "misses", "overruns")
+        assert [int(counters[f]) for f in fields] == [1, 1, 0, 0, 0, 0]
+
+
 def test_a_gateway_that_goes_away_frees_its_slots(
     rig: tuple[Engine, ControlServer, Path],
 ) -> None:
