@@ -94,14 +94,13 @@ class SlotTable:
 
     def snapshot(self) -> Snapshot:
         with self._lock:
-            live = np.zeros(self.capacity, np.bool_)
             generations = np.zeros(self.capacity, np.uint64)
             for slot, info in self._calls.items():
-                live[slot] = True
                 generations[slot] = info.generation
             reset = self._pending_reset.copy()
             self._pending_reset[:] = False
-            return Snapshot(live, reset, generations)
+        # generations start at 1: a row is live exactly where it has one
+        return Snapshot(generations != 0, reset, generations)
 
     def live_mask(self) -> NDArray[np.bool_]:
         with self._lock:
