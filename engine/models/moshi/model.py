@@ -205,8 +205,8 @@ class MoshiModel:
         audio_codes = frame[:, 1:].clamp(0, self.config.lm.card - 1)
         out_pcm = self.mimi.decode(audio_codes)
         live = emitted & active_rows
-        out_pcm = torch.where(live[:, None], out_pcm, 0.0)
-        tokens = torch.where(live[:, None], frame, -1)
+        out_pcm = torch.where(live[:, None], out_pcm, torch.zeros_like(out_pcm))
+        tokens = torch.where(live[:, None], frame, torch.full_like(frame, -1))
         return out_pcm.to(torch.float32), tokens.to(torch.int32)
 
 
