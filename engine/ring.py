@@ -350,14 +350,10 @@ class DownlinkReader:
         ring = self._ring
         depth = ring.spec.depth
         stamps = ring.down_stamps[self._slot].copy()
-        gen = stamps >> np.uint64(32)
-        frames = sorted(
-            int(f)
-            for f, g in zip(stamps & np.uint64(0xFFFFFFFF), gen, strict=True)
-            if int(g) == self._generation and int(f) > self._last
-        )
+        numbers = stamps & np.uint64(0xFFFFFFFF)
+        unread = (stamps >> np.uint64(32) == self._generation) & (numbers > self._last)
         taken: list[DownlinkFrame] = []
-        for f in frames:
+        for f in np.sort(numbers[unread]).tolist():
             col = f % depth
             pcm = ring.down_pcm[self._slot, col].copy()
             tokens = ring.down_tokens[self._slot, col].copy()
