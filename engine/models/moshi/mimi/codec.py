@@ -42,9 +42,9 @@ from engine.models.moshi.mimi.quantizer import SplitQuantizer
 from engine.models.moshi.mimi.seanet import (
     StreamingConv1d,
     StreamingConvTranspose1d,
-    reset_all,
     seanet_decoder,
     seanet_encoder,
+    streaming_parts,
 )
 from engine.models.moshi.mimi.transformer import MimiTransformer
 
@@ -99,14 +99,21 @@ class MimiCodec(nn.Module):
         self.quantizer = SplitQuantizer(
             config.codebooks, config.bins, config.quantizer_dim, dim, device, fused
         )
+        # the modules with per-slot state, walked once here rather than on every step
+        self._encoder_state = streaming_parts(
+            self.encoder, self.encoder_transformer, self.downsample
+        )
+        self._decoder_state = streaming_parts(self.upsample, self.decoder_transformer, self.decoder)
 
     def reset_encoder(self, mask: Tensor) -> None:
-        for part in (self.encoder, self.encoder_transformer, self.downsample):
-            reset_all(part, mask)
+        """mask: bool [slots]; those slots' encoder state starts over."""
+        for part in self._encoder_state:
+            part.reset(mask)
 
     def reset_decoder(self, mask: Tensor) -> None:
-        for part in (self.upsample, self.decoder_transformer, self.decoder):
-            reset_all(part, mask)
+        """mask: bool [slots]; those slots' decoder state starts over."""
+        for part in self._decoder_state:
+            part.reset(mask)
 
     def encode(self, pcm: Tensor) -> Tensor:
         latent = self.encoder_transformer(self.encoder(pcm[:, None, :]))

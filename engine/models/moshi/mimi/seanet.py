@@ -23,11 +23,11 @@ class Streaming(nn.Module):
         raise NotImplementedError
 
 
-def reset_all(module: nn.Module, mask: Tensor) -> None:
-    """Reset every streaming submodule of `module` for the slots in mask: bool [slots]."""
-    for child in module.modules():
-        if isinstance(child, Streaming):
-            child.reset(mask)
+def streaming_parts(*modules: nn.Module) -> tuple[Streaming, ...]:
+    """Every streaming submodule of `modules`, in order: found once, then reset per step."""
+    return tuple(
+        child for module in modules for child in module.modules() if isinstance(child, Streaming)
+    )
 
 
 class StreamingConv1d(Streaming):
