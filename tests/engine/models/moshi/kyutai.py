@@ -20,7 +20,7 @@ from moshi.models.compression import MimiModel
 from moshi.models.lm import LMGen, LMModel
 from safetensors.torch import save_file
 
-from engine.models.moshi.config import MimiConfig, MoshiConfig, tiny
+from engine.models.moshi.config import MimiConfig
 from engine.models.moshi.files import LM_NAME, MIMI_NAME
 
 DEVICE = torch.device("cpu")
@@ -98,10 +98,6 @@ def save_checkpoint(directory: Path, lm: LMModel, mimi: MimiModel, kwargs: dict[
     mimi_state = {k: v.contiguous() for k, v in mimi.state_dict().items()}
     save_file(mimi_state, str(directory / MIMI_NAME))
     (directory / "config.json").write_text(json.dumps(kwargs))
-
-
-def tiny_config() -> MoshiConfig:
-    return tiny()
 
 
 def run_reference(

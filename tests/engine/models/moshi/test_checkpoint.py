@@ -18,6 +18,7 @@ from safetensors.torch import load_file, save_file
 
 from engine.infer import add_infer_arguments, read_wav, run_infer, write_wav
 from engine.models.moshi.checkpoint import CheckpointError
+from engine.models.moshi.config import tiny
 from engine.models.moshi.files import LM_NAME, MIMI_NAME
 from engine.models.moshi.model import build_moshi
 from tests.engine.models.moshi import kyutai
@@ -30,7 +31,7 @@ def reference(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, LMModel, 
     directory = tmp_path_factory.mktemp("checkpoint")
     kwargs = kyutai.lm_kwargs()
     lm = kyutai.build_lm(kwargs, SEED)
-    mimi = kyutai.build_mimi(kyutai.tiny_config().mimi, SEED + 1)
+    mimi = kyutai.build_mimi(tiny().mimi, SEED + 1)
     kyutai.save_checkpoint(directory, lm, mimi, kwargs)
     return directory, lm, mimi
 
@@ -87,7 +88,7 @@ def write_variant(source: Path, target: Path, edit_lm: object) -> Path:
 
 
 def load(directory: Path) -> None:
-    build_moshi(kyutai.tiny_config(), 1, "cpu", torch.float32, checkpoint_dir=directory)
+    build_moshi(tiny(), 1, "cpu", torch.float32, checkpoint_dir=directory)
 
 
 def test_missing_tensor_is_named(
@@ -138,9 +139,9 @@ def test_fused_projections_load_like_split_ones(
     """The released files store attention projections fused (`in_proj_weight`)."""
 
     directory = reference[0]
-    split = build_moshi(kyutai.tiny_config(), 1, "cpu", torch.float32, checkpoint_dir=directory)
+    split = build_moshi(tiny(), 1, "cpu", torch.float32, checkpoint_dir=directory)
     fused_dir = write_variant(directory, tmp_path / "fused", fuse_projections)
-    fused = build_moshi(kyutai.tiny_config(), 1, "cpu", torch.float32, checkpoint_dir=fused_dir)
+    fused = build_moshi(tiny(), 1, "cpu", torch.float32, checkpoint_dir=fused_dir)
     for (name, a), (_, b) in zip(
         split.lm.named_parameters(), fused.lm.named_parameters(), strict=True
     ):
@@ -245,7 +246,7 @@ def test_personaplex_layout_loads_its_first_8_depformer_steps() -> None:
 
     kwargs = kyutai.lm_kwargs(dep_q=16)
     ref = kyutai.build_lm(kwargs, seed=51)
-    config = from_kyutai_lm_kwargs(kwargs, kyutai.tiny_config()).lm
+    config = from_kyutai_lm_kwargs(kwargs, tiny()).lm
     greedy = Sampling(greedy=True, temperature=1.0, top_k=1)
     split = MoshiLm(config, 1, torch.device("cpu"), torch.float32, greedy, greedy, None)
     fused = MoshiLm(config, 1, torch.device("cpu"), torch.float32, greedy, greedy, None)

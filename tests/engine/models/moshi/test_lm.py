@@ -9,7 +9,7 @@ import torch
 from moshi.models.lm import LMGen
 
 from engine.models.moshi.checkpoint import lm_sources, lm_unused, load_into
-from engine.models.moshi.config import from_kyutai_lm_kwargs
+from engine.models.moshi.config import from_kyutai_lm_kwargs, tiny
 from engine.models.moshi.lm import MoshiLm
 from engine.models.moshi.prompt import personaplex_frames
 from engine.models.moshi.sampling import Sampling
@@ -22,7 +22,7 @@ CPU = torch.device("cpu")
 def ours_from(
     ref: torch.nn.Module, kwargs: dict[str, object], slots: int, dtype: torch.dtype = torch.float32
 ) -> MoshiLm:
-    config = from_kyutai_lm_kwargs(kwargs, kyutai.tiny_config()).lm
+    config = from_kyutai_lm_kwargs(kwargs, tiny()).lm
     lm = MoshiLm(config, slots, CPU, dtype, GREEDY, GREEDY, None)
     load_into(lm, ref.state_dict(), lm_sources(config), lm_unused(config), "reference")
     return lm

@@ -10,6 +10,7 @@ pytest.importorskip("moshi")
 import torch
 
 from engine.models.moshi.checkpoint import load_into, mimi_sources, mimi_unused
+from engine.models.moshi.config import tiny
 from engine.models.moshi.mimi.codec import MimiCodec
 from tests.engine.models.moshi import kyutai
 
@@ -18,7 +19,7 @@ FRAME = 1920
 
 @pytest.mark.parametrize("context", [250, 6], ids=["context250", "context6-wraps"])
 def test_streaming_codes_and_audio_match_reference(context: int) -> None:
-    config = dataclasses.replace(kyutai.tiny_config().mimi, transformer_context=context)
+    config = dataclasses.replace(tiny().mimi, transformer_context=context)
     ref = kyutai.build_mimi(config, seed=41)
     ours = MimiCodec(config, 3, torch.device("cpu"))
     load_into(ours, ref.state_dict(), mimi_sources(ours, config), mimi_unused(config), "ref")

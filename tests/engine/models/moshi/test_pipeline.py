@@ -18,6 +18,7 @@ import torch
 from moshi.models.compression import MimiModel
 from moshi.models.lm import LMModel
 
+from engine.models.moshi.config import tiny
 from engine.models.moshi.model import MoshiModel, build_moshi
 from tests.engine.models.moshi import kyutai
 
@@ -35,7 +36,7 @@ def speechlike(seed: int, frames: int) -> torch.Tensor:
 def build_pair(
     tmp_path: Path, seed: int, slots: int, **lm_overrides: object
 ) -> tuple[LMModel, MimiModel, MoshiModel]:
-    config = kyutai.tiny_config()
+    config = tiny()
     kwargs = kyutai.lm_kwargs(**lm_overrides)
     lm = kyutai.build_lm(kwargs, seed)
     mimi = kyutai.build_mimi(config.mimi, seed + 1)
