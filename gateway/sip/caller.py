@@ -24,7 +24,7 @@ from gateway.sip.events import (
     Registered,
     RegistrationFailed,
 )
-from gateway.sip.headers import SipParseError, SipUri, Uri, Via, param, parse_uri
+from gateway.sip.headers import SipParseError, SipUri, Uri, Via, decimal, param, parse_uri
 from gateway.sip.message import Request, Response, response_to
 from gateway.sip.sdp import SessionDescription, parse_sdp
 from gateway.sip.stack import TransactionLayer
@@ -225,8 +225,7 @@ class Caller:
             interval = session_timer.retry_interval(response)
             if interval > int(call.invite.header("Session-Expires") or "0"):
                 return self._retry_invite(call, ("Session-Expires", str(interval)), now)
-        retry_after = (response.header("Retry-After") or "").split(";")[0].strip()
-        after = int(retry_after) if retry_after.isdigit() and len(retry_after) < 9 else None
+        after = decimal((response.header("Retry-After") or "").split(";")[0].strip(), 8)
         reason = "cancelled" if status == 487 else "rejected"
         return self._end(call, now, reason, status, after)
 
@@ -338,10 +337,11 @@ class Caller:
         for contact in response.contacts:
             uri, value = contact.uri, param(contact.params, "expires")
             ours = isinstance(uri, SipUri) and (uri.host, uri.port) == (host, port)
-            if ours and value is not None and value.isdigit() and len(value) < 10:
-                return int(value)
-        value = (response.header("Expires") or "").strip()
-        return int(value) if value.isdigit() and len(value) < 10 else registration.expires
+            seconds = decimal(value, 9) if ours and value is not None else None
+            if seconds is not None:
+                return seconds
+        seconds = decimal((response.header("Expires") or "").strip(), 9)
+        return registration.expires if seconds is None else seconds
 
     def _on_register_response(
         self, registration: Registration, response: Response, now: float

@@ -36,6 +36,18 @@ def is_token(text: str) -> bool:
     return bool(_TOKEN.match(text))
 
 
+def decimal(text: str, max_digits: int) -> int | None:
+    """`text` as a number if it is 1 to `max_digits` ASCII digits, else None.
+
+    Every numeric field of SIP and SDP goes through here: `str.isdigit` alone passes digits of
+    other scripts, which `int` refuses ('²') or reads ('١٢'), and `int` refuses more than
+    4300 digits, so either would raise ValueError out of a parser instead of SipParseError.
+    """
+    if 0 < len(text) <= max_digits and text.isascii() and text.isdigit():
+        return int(text)
+    return None
+
+
 def split_outside_quotes(text: str, separator: str) -> list[str]:
     """Split on `separator` except inside "quoted strings" and <angle brackets>."""
     parts: list[str] = []
@@ -107,9 +119,9 @@ def _parse_hostport(text: str) -> tuple[str, int | None]:
         raise SipParseError(f"bad host {host!r}")
     if not rest:
         return host, None
-    if not rest.startswith(":") or not rest[1:].isdigit() or len(rest) > 6:
+    port = decimal(rest[1:], 5) if rest.startswith(":") else None
+    if port is None:
         raise SipParseError(f"bad port in {text!r}")
-    port = int(rest[1:])
     if not 0 < port < 65536:
         raise SipParseError(f"port out of range in {text!r}")
     return host, port
@@ -297,8 +309,9 @@ class CSeq:
 
 def parse_cseq(text: str) -> CSeq:
     parts = text.split()
-    if len(parts) != 2 or not parts[0].isdigit() or not is_token(parts[1]):
+    if len(parts) != 2 or not is_token(parts[1]):
         raise SipParseError(f"bad CSeq {text!r}")
-    if len(parts[0]) > 10 or int(parts[0]) >= 2**31:
-        raise SipParseError(f"CSeq number out of range {text!r}")
-    return CSeq(int(parts[0]), parts[1])
+    seq = decimal(parts[0], 10)
+    if seq is None or seq >= 2**31:
+        raise SipParseError(f"bad CSeq number {text!r}")
+    return CSeq(seq, parts[1])

@@ -23,6 +23,7 @@ from gateway.sip.headers import (
     SipUri,
     Uri,
     Via,
+    decimal,
     is_token,
     parse_cseq,
     parse_name_addr,
@@ -233,9 +234,8 @@ def _validate(message: Message) -> int | None:
     if not message.call_id or any(c.isspace() for c in message.call_id):
         raise SipParseError("bad Call-ID")
     max_forwards = message.header("Max-Forwards")
-    if max_forwards is not None and (
-        not max_forwards.isdigit() or len(max_forwards) > 9 or int(max_forwards) > 255
-    ):
+    hops = None if max_forwards is None else decimal(max_forwards, 9)
+    if max_forwards is not None and (hops is None or hops > 255):
         raise SipParseError(f"bad Max-Forwards {max_forwards!r}")
     for name in {n.lower() for n, _ in message.headers} & LIST_HEADERS:
         message.header_values(name)  # a list header must split cleanly at its commas
@@ -244,16 +244,16 @@ def _validate(message: Message) -> int | None:
     expires = message.header("Session-Expires")
     if expires is not None:
         number, *params = expires.split(";")
-        if not number.strip().isdigit() or len(number.strip()) > 9:
+        if decimal(number.strip(), 9) is None:
             raise SipParseError(f"bad Session-Expires {expires!r}")
         parse_params(params)
     lengths = {v for n, v in message.headers if n == "Content-Length"}
     if not lengths:
         return None
-    length = lengths.pop()
-    if lengths or not length.isdigit() or len(length) > 9:
+    length = decimal(lengths.pop(), 9)
+    if lengths or length is None:
         raise SipParseError("bad Content-Length")
-    return int(length)
+    return length
 
 
 def parse_message(data: bytes) -> Request | Response:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from gateway.sip.headers import SipParseError
+from gateway.sip.headers import SipParseError, decimal
 
 STATIC_CODECS = {0: ("PCMU", 8000), 8: ("PCMA", 8000)}
 SUPPORTED = ("PCMU", "PCMA")
@@ -24,6 +24,7 @@ _ANSWER_DIRECTION = {
     "inactive": "inactive",
 }
 PTIMES_MS = (10, 20, 30, 60)
+DIGITS = 20  # the longest number an SDP field may carry: 2**64 (NTP-based origin ids)
 
 Attributes = tuple[tuple[str, str | None], ...]
 
@@ -63,9 +64,10 @@ class MediaDescription:
             if name == "rtpmap" and value and value.split(" ", 1)[0] == str(payload_type):
                 encoding = value.split(" ", 1)[1] if " " in value else ""
                 codec, _, rate = encoding.partition("/")
-                if not rate.split("/")[0].isdigit():
+                clock_rate = decimal(rate.split("/")[0], DIGITS)
+                if clock_rate is None:
                     raise SipParseError(f"bad rtpmap {value!r}")
-                return codec, int(rate.split("/")[0])
+                return codec, clock_rate
         return STATIC_CODECS.get(payload_type)
 
     @property
@@ -127,15 +129,17 @@ def parse_sdp(data: bytes) -> SessionDescription:
             raise SipParseError(f"bad SDP line {line[:60]!r}")
         if kind == "o":
             parts = value.split()
-            if len(parts) != 6 or not parts[1].isdigit() or not parts[2].isdigit():
+            session_id = decimal(parts[1], DIGITS) if len(parts) == 6 else None
+            version = decimal(parts[2], DIGITS) if len(parts) == 6 else None
+            if session_id is None or version is None:
                 raise SipParseError(f"bad o= line {value!r}")
-            origin = Origin(parts[0], int(parts[1]), int(parts[2]), parts[5], parts[4])
+            origin = Origin(parts[0], session_id, version, parts[5], parts[4])
         elif kind == "m":
             parts = value.split()
-            port = parts[1].split("/")[0] if len(parts) >= 3 else ""
-            if len(parts) < 3 or not port.isdigit() or int(port) > 65535:
+            port = decimal(parts[1].split("/")[0], DIGITS) if len(parts) >= 3 else None
+            if port is None or port > 65535:
                 raise SipParseError(f"bad m= line {value!r}")
-            media.append(MediaDescription(parts[0], int(port), parts[2], tuple(parts[3:])))
+            media.append(MediaDescription(parts[0], port, parts[2], tuple(parts[3:])))
         elif kind in ("c", "a") and media:
             media[-1] = _media_line(media[-1], kind, value)
         elif kind == "c":
@@ -189,21 +193,23 @@ def _choose(
     codec: tuple[int, str] | None = None
     event: int | None = None
     for fmt in offer.formats:
-        if not fmt.isdigit() or int(fmt) > 127:
+        payload_type = decimal(fmt, DIGITS)
+        if payload_type is None or payload_type > 127:
             continue
-        mapped = offer.rtpmap(int(fmt))
+        mapped = offer.rtpmap(payload_type)
         if mapped is None:
             continue
         name, rate = mapped[0].upper(), mapped[1]
         if codec is None and name in SUPPORTED and rate == 8000:
-            codec = (int(fmt), name)
+            codec = (payload_type, name)
         elif event is None and name == "TELEPHONE-EVENT" and rate == 8000:
-            event = int(fmt)
+            event = payload_type
     address = offer.connection or session.connection
     if codec is None or address is None:
         return None
-    ptime_text = offer.attribute("ptime") or ""
-    ptime = int(ptime_text) if ptime_text.isdigit() and int(ptime_text) in PTIMES_MS else 20
+    ptime = decimal(offer.attribute("ptime") or "", DIGITS)
+    if ptime not in PTIMES_MS:
+        ptime = 20
     remote = offer.direction
     if address in ("0.0.0.0", "::"):
         remote = "inactive" if remote == "recvonly" else "sendonly"

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from gateway.sip.headers import SipParseError, param, parse_params
+from gateway.sip.headers import SipParseError, decimal, param, parse_params
 from gateway.sip.message import Message
 
 MIN_SE_FLOOR = 90  # RFC 4028 section 4: Min-SE is never below 90 seconds
@@ -43,16 +43,17 @@ def _session_expires(message: Message) -> tuple[int, str | None] | None:
     if value is None:
         return None
     number, *rest = value.split(";")
-    number = number.strip()
-    if not number.isdigit() or len(number) > 9:
+    seconds = decimal(number.strip(), 9)
+    if seconds is None:
         raise SipParseError(f"bad Session-Expires {value!r}")
     refresher = param(parse_params(rest), "refresher")
-    return int(number), (refresher.lower() if refresher else None)
+    return seconds, (refresher.lower() if refresher else None)
 
 
 def _min_se(message: Message) -> int:
     value = (message.header("Min-SE") or "").split(";")[0].strip()
-    return int(value) if value.isdigit() and len(value) < 10 else MIN_SE_FLOOR
+    seconds = decimal(value, 9)
+    return MIN_SE_FLOOR if seconds is None else seconds
 
 
 def supports_timer(message: Message) -> bool:

@@ -21,7 +21,7 @@ from gateway.sip.events import (
     RegistrationFailed,
 )
 from gateway.sip.message import Request, Response, parse_message, response_to
-from gateway.sip.sdp import Origin, SessionDescription, answer
+from gateway.sip.sdp import Origin, SessionDescription, answer, offer
 from gateway.sip.transaction import Outgoing
 from tests.gateway.sip.wire import make_agent
 
@@ -306,3 +306,16 @@ def test_register_failure_and_timeout_are_reported() -> None:
 def test_bad_config_fails_when_built(options: dict[str, object]) -> None:
     with pytest.raises(ValueError):  # noqa: PT011 - ipaddress and our checks raise plain ValueError
         AgentConfig(("10.0.0.2", 5060), **options)  # type: ignore[arg-type]
+
+
+def test_a_rejection_with_a_retry_after_in_other_digits_still_ends_the_call() -> None:
+    """'²' passes str.isdigit and then makes int raise: the call must end all the same."""
+    agent = cadence()
+    sdp = offer(Origin("c", 1, 1, "10.0.0.2"), "10.0.0.2", 30000)
+    call_id, sent = agent.dial("sip:peer@10.0.0.9", sdp, 0.0)
+    [invite] = [parse_message(o.data) for o in sent if isinstance(o, Outgoing)]
+    assert isinstance(invite, Request)
+    busy = response_to(invite, 503, "t1", (("Retry-After", "²"),)).encode()
+    out = agent.receive(busy, ("10.0.0.9", 5060), "udp", 0.1)
+    assert CallEnded(call_id, "rejected", 503, None) in out
+    assert agent.live_dialogs() == 0

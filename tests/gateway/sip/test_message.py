@@ -205,3 +205,21 @@ def test_stream_framer_cuts_by_content_length() -> None:
 def test_stream_framer_requires_content_length() -> None:
     with pytest.raises(SipParseError):
         StreamFramer().feed(b"OPTIONS sip:a@b SIP/2.0\r\nVia: SIP/2.0/TCP h\r\n\r\n")
+
+
+@pytest.mark.parametrize(
+    ("header", "value"),
+    [
+        ("Content-Length", "²"),  # str.isdigit passes it, int refuses it
+        ("Max-Forwards", "\u0661\u0662"),  # Arabic-Indic digits: int would read 12
+        ("CSeq", "\u0661 OPTIONS"),
+        ("Session-Expires", "⁹⁰"),
+        ("Via", "SIP/2.0/UDP 10.0.0.1:\uff15\uff10\uff16\uff10;branch=z9hG4bK1"),  # fullwidth
+    ],
+)
+def test_numbers_are_ascii_digits_or_the_message_is_malformed(header: str, value: str) -> None:
+    data = (HERE / "samples" / "asterisk_options.sip").read_bytes()
+    lines = [line for line in data.decode().split("\r\n") if line.split(":")[0] != header]
+    lines.insert(1, f"{header}: {value}")
+    with pytest.raises(SipParseError):
+        parse_message("\r\n".join(lines).encode())

@@ -104,6 +104,8 @@ def test_encode_parse_round_trip_and_offer_answer_loop() -> None:
         b"o=- x 1 IN IP4 h\r\n",
         b"v=0\r\no=- 1 1 IN IP4 h\r\nm=audio x RTP/AVP 0\r\n",
         b"\xff",
+        b"o=- " + b"1" * 5000 + b" 1 IN IP4 h\r\n",  # past int()'s 4300 digits
+        "o=- 1 1 IN IP4 h\r\nm=audio \uff16\uff10\uff10\uff10 RTP/AVP 0\r\n".encode(),  # fullwidth
     ],
 )
 def test_bad_sdp_raises(text: bytes) -> None:
