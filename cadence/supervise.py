@@ -9,6 +9,7 @@ MAX_RESTARTS times within RESTART_WINDOW_S stops serve with a non-zero status. C
 told by the kernel to stop if serve itself is killed, so no process is left behind.
 """
 
+import contextlib
 import ctypes
 import logging
 import os
@@ -84,13 +85,15 @@ def stop_child(child: "subprocess.Popen[Any]", timeout_s: float = STOP_TIMEOUT_S
 
 
 def unlink_segment(name: str) -> None:
-    """Remove the shared memory of an engine that died without unlinking it."""
+    """Remove the shared memory of an engine that died without unlinking it. The dead engine's
+    multiprocessing resource tracker may remove it at the same moment: gone is what we want."""
     try:
         segment = shared_memory.SharedMemory(name=name)
     except FileNotFoundError:
         return
     segment.close()
-    segment.unlink()
+    with contextlib.suppress(FileNotFoundError):
+        segment.unlink()
 
 
 class Supervisor:
