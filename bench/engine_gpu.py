@@ -9,7 +9,11 @@ weights, 2-minute KV context = 1500 frames) with N rows and measures, back to ba
 - `graph`: the whole step (Mimi encode, temporal transformer, text and depth sampling, Mimi
   decode) replayed as one CUDA graph, host copies in and out and the one sync included;
 and with --reference, Kyutai's `moshi` 0.2.13 pipeline (`mimi.encode` -> `LMGen.step` with its
-own CUDA graphs -> `mimi.decode`) batched at the same N, same context, same dtype.
+own CUDA graphs -> `mimi.decode`) batched at the same N, same context, same dtype, as moshi
+runs by default: its RMSNorm, RoPE and gating under torch.compile (fused Triton kernels) inside
+its CUDA graphs. `--reference-no-compile` sets NO_TORCH_COMPILE=1 for it (each of those
+functions then runs op by op: ~10 ms slower per step at 1 and 128 calls in an earlier run,
+bench/results/engine_gpu.json); the row records which.
 
 Reported per N: median / p99 / max milliseconds per step, peak GPU memory, kernels launched by
 one eager step (the graph replays the same kernels), and the ratio graph / reference. These are
@@ -38,7 +42,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-os.environ.setdefault("NO_TORCH_COMPILE", "1")
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import numpy as np
@@ -158,6 +161,7 @@ def cadence_row(
 
 
 def reference_row(slots: int, steps: int) -> dict[str, Any]:
+    # moshi reads NO_TORCH_COMPILE once, when it is first imported (main sets it)
     from moshi.models import loaders
     from moshi.models.lm import LMGen
 
@@ -181,6 +185,7 @@ def reference_row(slots: int, steps: int) -> dict[str, Any]:
             if i >= 6:
                 times.append((time.perf_counter() - t0) * 1e3)
     row = {"slots": slots, **percentiles(times)}
+    row["torch_compile"] = not os.environ.get("NO_TORCH_COMPILE")
     row["peak_memory_gb"] = round(torch.cuda.max_memory_allocated() / 1e9, 2)
     del gen, lm, mimi
     gc.collect()
@@ -203,6 +208,11 @@ def main() -> int:
         "kernel's worst case (Mimi's rings stay young)",
     )
     parser.add_argument("--reference-slots", help="default: the same as --slots")
+    parser.add_argument(
+        "--reference-no-compile",
+        action="store_true",
+        help="run the reference with NO_TORCH_COMPILE=1 (its compiled functions op by op)",
+    )
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
@@ -246,6 +256,10 @@ def main() -> int:
         if args.json:
             args.json.write_text(json.dumps(result, indent=1))
     if args.reference:
+        if args.reference_no_compile:
+            os.environ["NO_TORCH_COMPILE"] = "1"
+        else:
+            os.environ.pop("NO_TORCH_COMPILE", None)
         del weights
         gc.collect()
         ref_slots = args.reference_slots or args.slots

@@ -88,6 +88,7 @@ def main() -> int:
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
+    torch.backends.cuda.matmul.allow_tf32 = True  # the engine's setting (build_model)
     result: dict[str, Any] = {
         "command": " ".join(sys.argv),
         "machine": machine(),

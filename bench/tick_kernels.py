@@ -1,0 +1,138 @@
+"""Where the captured tick's time goes, kernel by kernel, on one GPU.
+
+    python bench/tick_kernels.py --slots 1,128 [--kv-dtype fp8] --json OUT.json
+
+For each slot count it builds Cadence's Moshi (7B shapes, random weights, every temporal ring
+full), captures the whole step with the graph executor and profiles REPLAYS replays of that
+graph (torch profiler, CUPTI records each kernel node of a replayed graph). Per tick it
+reports the span from the first kernel's start to the last kernel's end, the time some kernel
+was running (busy), the rest (gaps between dependent kernels: launch latency inside the
+graph), and the kernels grouped by a short name (Triton kernel, cuBLAS/CUTLASS GEMM, torch
+elementwise ...) with their count and summed time, largest first. It answers "launches or
+bytes?" for each slot count.
+"""
+
+import argparse
+import json
+import logging
+import re
+import sys
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import numpy as np
+import torch
+from engine_gpu import SAMPLES, build, fill_rings  # bench/, this folder
+from gpu_timing import machine
+
+from engine.executors.graph import GraphExecutor
+from engine.models.moshi.config import moshiko
+
+log = logging.getLogger("tick_kernels")
+REPLAYS = 5
+TOP = 25
+
+
+def short_name(name: str) -> str:
+    """A kernel's family: Triton kernels keep their function name, GEMMs and torch's
+    elementwise/reduction kernels lose their template arguments."""
+    if "gemm" in name.lower() or "gemv" in name.lower() or name.startswith("sm90_"):
+        match = re.search(r"(gemv\w*|gemm\w*|sm90_\w+)", name, re.IGNORECASE)
+        return "gemm: " + (match.group(1)[:60] if match else name[:60])
+    name = re.sub(r"<.*", "", name)  # template arguments
+    name = re.sub(r"\(.*", "", name)  # argument lists
+    return name.split("::")[-1][:80]
+
+
+def profile_tick(slots: int, kv_dtype: torch.dtype | None) -> dict[str, Any]:
+    model = build(moshiko(), slots, {}, kv_dtype)
+    graph = GraphExecutor(model)
+    pcm = (np.random.default_rng(0).standard_normal((slots, SAMPLES)) * 0.1).astype(np.float32)
+    active = np.ones(slots, np.bool_)
+    graph.run(pcm, active.copy(), active)
+    fill_rings(model)
+    reset = np.zeros(slots, np.bool_)
+    for _ in range(3):
+        graph.run(pcm, reset, active)
+    torch.cuda.synchronize()
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        for _ in range(REPLAYS):
+            graph.graph.replay()
+            torch.cuda.synchronize()
+    kernels = sorted(
+        (
+            (e.time_range.start, e.time_range.end, e.name)
+            for e in prof.events()
+            if e.device_type.name == "CUDA" and "memcpy" not in e.name.lower()
+        ),
+        key=lambda k: k[0],
+    )
+    per_tick = len(kernels) // REPLAYS
+    ticks = [kernels[i * per_tick : (i + 1) * per_tick] for i in range(REPLAYS)]
+    spans = [tick[-1][1] - tick[0][0] for tick in ticks]
+    busy = [sum(end - start for start, end, _ in tick) for tick in ticks]
+    groups: dict[str, list[float]] = defaultdict(lambda: [0, 0.0])
+    for start, end, name in kernels:
+        group = groups[short_name(name)]
+        group[0] += 1
+        group[1] += end - start
+    top = sorted(groups.items(), key=lambda item: -item[1][1])[:TOP]
+    row: dict[str, Any] = {
+        "slots": slots,
+        "kernels_per_tick": per_tick,
+        "graph_kernel_nodes": graph.kernels_per_tick,
+        "span_ms": round(float(np.median(spans)) / 1e3, 3),
+        "busy_ms": round(float(np.median(busy)) / 1e3, 3),
+        "gaps_ms": round(float(np.median(spans) - np.median(busy)) / 1e3, 3),
+        "top": [
+            {
+                "kernel": name,
+                "per_tick": round(count / REPLAYS, 1),
+                "us_per_tick": round(total / REPLAYS, 1),
+            }
+            for name, (count, total) in top
+        ],
+    }
+    del graph, model
+    torch.cuda.empty_cache()
+    return row
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--slots", default="1,128")
+    parser.add_argument("--kv-dtype", choices=["bf16", "fp8"], default="bf16")
+    parser.add_argument(
+        "--no-tf32",
+        dest="tf32",
+        action="store_false",
+        help="Mimi's fp32 matmuls without TF32 (the engine runs them in TF32)",
+    )
+    parser.add_argument("--json", type=Path)
+    args = parser.parse_args()
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
+    torch.backends.cuda.matmul.allow_tf32 = args.tf32  # the engine's setting (build_model)
+    kv_dtype = torch.float8_e4m3fn if args.kv_dtype == "fp8" else None
+    result: dict[str, Any] = {
+        "command": " ".join(sys.argv),
+        "machine": machine(),
+        "model": "moshiko 7B shapes, random weights, bf16, temporal rings full",
+        "kv_dtype": args.kv_dtype,
+        "tf32_matmul": args.tf32,
+        "rows": [],
+    }
+    for slots in [int(s) for s in args.slots.split(",")]:
+        row = profile_tick(slots, kv_dtype)
+        log.info("%s", json.dumps(row))
+        result["rows"].append(row)
+        if args.json:
+            args.json.write_text(json.dumps(result, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
