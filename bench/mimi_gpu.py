@@ -2,8 +2,10 @@
 
     python3 bench/mimi_gpu.py --slots 1,128,300 --json bench/results/mimi_gpu.json
 
-For each slot count it builds Moshi's Mimi (fp32, seeded random weights) twice on the same
-weights, `fused=False` (the eager path, as it was before the kernels) and `fused=True`, and
+For each slot count it builds Moshi's Mimi (fp32, seeded random weights) three times on the
+same weights: `fused=False` (the eager path, as it was before the kernels, time-last SEANet
+layout), `fused=True` with the time-last layout (`time_last`) and `fused=True` with the
+default channels-last layout (mimi/seanet.py), matmuls in TF32 as the engine runs them, and
 measures `encode` (pcm [slots, 1920] -> codes [slots, 8]) and `decode` (codes -> pcm) exactly
 as bench/engine_stages.py's mimi_encode / mimi_decode rows do: each stage captured as its own
 CUDA graph, median and p99 ms of 50 replays after 5, and the kernels one eager run launches
@@ -131,13 +133,15 @@ def top_kernels(stage: Callable[[], object], count: int = 10) -> list[dict[str, 
 def measure(slots: int, profile: bool) -> dict[str, Any]:
     config = moshiko().mimi
     device = torch.device("cuda")
-    eager = MimiCodec(config, slots, device, fused=False)
+    eager = MimiCodec(config, slots, device, fused=False, channels_last=False)
     randomize(eager, 2)
     fused = MimiCodec(config, slots, device, fused=True)
     fused.load_state_dict(eager.state_dict())
+    time_last = MimiCodec(config, slots, device, fused=True, channels_last=False)
+    time_last.load_state_dict(eager.state_dict())
     pcm = torch.randn(slots, config.frame_samples, device=device) * 0.1
     codes = torch.randint(0, config.bins, (slots, config.codebooks), device=device)
-    for codec in (eager, fused):
+    for codec in (eager, fused, time_last):
         for transformer in (codec.encoder_transformer, codec.decoder_transformer):
             transformer.positions.fill_(STEADY_POSITION)
     row: dict[str, Any] = {"slots": slots}
@@ -146,7 +150,7 @@ def measure(slots: int, profile: bool) -> dict[str, Any]:
         fused.decode(fused.encode(pcm))
         torch.cuda.synchronize()
         row["fused_first_call_s"] = round(time.perf_counter() - begin, 2)
-        for path, codec in (("eager", eager), ("fused", fused)):
+        for path, codec in (("eager", eager), ("time_last", time_last), ("fused", fused)):
             plan: dict[str, Callable[[], object]] = {
                 "encode": lambda codec=codec: codec.encode(pcm),  # type: ignore[misc]
                 "decode": lambda codec=codec: codec.decode(codes),  # type: ignore[misc]
@@ -158,8 +162,11 @@ def measure(slots: int, profile: bool) -> dict[str, Any]:
                 if profile and path == "fused":
                     row[f"{key}_top"] = top_kernels(run)
     for stage in ("encode", "decode"):
-        eager_ms = row[f"eager_{stage}"]["median_ms"]
-        row[f"{stage}_speedup"] = round(eager_ms / row[f"fused_{stage}"]["median_ms"], 2)
+        fused_ms = row[f"fused_{stage}"]["median_ms"]
+        row[f"{stage}_speedup"] = round(row[f"eager_{stage}"]["median_ms"] / fused_ms, 2)
+        row[f"{stage}_channels_last_speedup"] = round(
+            row[f"time_last_{stage}"]["median_ms"] / fused_ms, 2
+        )
     return row
 
 
@@ -174,6 +181,7 @@ def main() -> int:
     )
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
+    torch.backends.cuda.matmul.allow_tf32 = True  # the engine's setting (build_model)
     counts = [int(s) for s in args.slots.split(",")]
     result: dict[str, Any] = {
         "command": " ".join(sys.argv),

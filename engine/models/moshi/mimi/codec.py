@@ -51,10 +51,17 @@ from engine.models.moshi.mimi.transformer import MimiTransformer
 
 class MimiCodec(nn.Module):
     def __init__(
-        self, config: MimiConfig, slots: int, device: torch.device, fused: bool | None = None
+        self,
+        config: MimiConfig,
+        slots: int,
+        device: torch.device,
+        fused: bool | None = None,
+        channels_last: bool | None = None,
     ) -> None:
+        """`fused` and `channels_last` (the SEANet layout, see seanet.py): None is on CUDA."""
         super().__init__()
         fused = device.type == "cuda" if fused is None else fused
+        channels_last = device.type == "cuda" if channels_last is None else channels_last
         self.config = config
         shape = {
             "n_filters": config.n_filters,
@@ -68,6 +75,7 @@ class MimiCodec(nn.Module):
             "compress": config.compress,
             "slots": slots,
             "device": device,
+            "channels_last": channels_last,
         }
         self.encoder = seanet_encoder(**shape)  # type: ignore[arg-type]
         self.decoder = seanet_decoder(**shape)  # type: ignore[arg-type]
@@ -90,11 +98,27 @@ class MimiCodec(nn.Module):
         stride = config.encoder_steps_per_frame
         dim = config.seanet_dim
         self.downsample = StreamingConv1d(
-            dim, dim, 2 * stride, slots, device, stride=stride, bias=False, replicate=True
+            dim,
+            dim,
+            2 * stride,
+            slots,
+            device,
+            stride=stride,
+            bias=False,
+            replicate=True,
+            channels_last=channels_last,
         )
         # channel-wise (groups = dim), as the released Mimi was trained
         self.upsample = StreamingConvTranspose1d(
-            dim, dim, 2 * stride, stride, slots, device, groups=dim, bias=False
+            dim,
+            dim,
+            2 * stride,
+            stride,
+            slots,
+            device,
+            groups=dim,
+            bias=False,
+            channels_last=channels_last,
         )
         self.quantizer = SplitQuantizer(
             config.codebooks, config.bins, config.quantizer_dim, dim, device, fused

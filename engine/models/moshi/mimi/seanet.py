@@ -10,10 +10,20 @@ convolution keeps the overlapping output tail it owes the next frame. Both are p
 Layer order (and so the `model.{i}` indices of Kyutai's checkpoint, activations included):
 encoder = conv, per ratio (residual blocks, ELU, strided conv), ELU, conv;
 decoder = conv, per ratio (ELU, transposed conv, residual blocks), ELU, conv.
+
+`channels_last` (the codec's default on CUDA) keeps every activation, state buffer and weight
+time-major in memory ([slots, T, channels] under the [slots, channels, T] shape), and runs
+each convolution as a 2-d one over [slots, channels, 1, T] in channels-last format: cuDNN's
+TF32 kernels on Hopper are channels-last, so the default layout cost two layout conversions
+per convolution (nchwToNhwc/nhwcToNchw: 47 kernels and 0.17 ms of an 8.9 ms tick at 1 call,
+53 and 0.62 ms at 128 calls, bench/results/tick_kernels_no_tf32.json). Shapes, checkpoint
+names and results are the same either way (tests/engine/models/moshi/test_mimi.py runs both
+against Kyutai's Mimi); elementwise ops keep their input's layout, so none is converted.
 """
 
 import torch
 from torch import Tensor, nn
+from torch.nn import functional
 
 
 class Streaming(nn.Module):
@@ -21,6 +31,11 @@ class Streaming(nn.Module):
 
     def reset(self, mask: Tensor) -> None:
         raise NotImplementedError
+
+
+def time_major(tensor: Tensor) -> Tensor:
+    """The same [n, channels, length] values stored [n, length, channels] in memory."""
+    return tensor.permute(0, 2, 1).contiguous().permute(0, 2, 1)
 
 
 def streaming_parts(*modules: nn.Module) -> tuple[Streaming, ...]:
@@ -46,6 +61,7 @@ class StreamingConv1d(Streaming):
         groups: int = 1,
         bias: bool = True,
         replicate: bool = False,
+        channels_last: bool = False,
     ) -> None:
         super().__init__()
         self.conv = nn.Conv1d(
@@ -59,12 +75,16 @@ class StreamingConv1d(Streaming):
             device=device,
         )
         self.replicate = replicate
+        self.channels_last = channels_last
         history = (kernel - 1) * dilation + 1 - stride
+        previous = torch.zeros(slots, in_channels, history, device=device)
+        if channels_last:
+            # loading a checkpoint copies into these tensors and keeps their layout
+            self.conv.weight.data = time_major(self.conv.weight.data)
+            previous = time_major(previous)
         self.previous: Tensor
         self.first: Tensor
-        self.register_buffer(
-            "previous", torch.zeros(slots, in_channels, history, device=device), False
-        )
+        self.register_buffer("previous", previous, False)
         self.register_buffer(
             "first", torch.ones(slots, 1, 1, device=device, dtype=torch.bool), False
         )
@@ -77,16 +97,33 @@ class StreamingConv1d(Streaming):
         """x: [slots, in_channels, T], T a multiple of the stride -> [slots, out, T / stride]."""
         history = self.previous.shape[2]
         if history == 0:
-            direct: Tensor = self.conv(x)
-            return direct
+            return self._convolve(x)
         if self.replicate:
             start = x[..., :1].expand_as(self.previous)
             self.previous.copy_(torch.where(self.first, start, self.previous))
             self.first.fill_(False)
-        window = torch.cat([self.previous, x], dim=-1)
+        # 4-d so that the concatenation keeps a channels-last layout (3-d tensors have none)
+        window = torch.cat([self.previous[:, :, None], x[:, :, None]], dim=-1)[:, :, 0]
         self.previous.copy_(window[..., -history:])
-        out: Tensor = self.conv(window)
-        return out
+        return self._convolve(window)
+
+    def _convolve(self, x: Tensor) -> Tensor:
+        if not self.channels_last:
+            out: Tensor = self.conv(x)
+            return out
+        conv = self.conv
+        out = functional.conv2d(
+            x[:, :, None],
+            conv.weight[:, :, None],
+            conv.bias,
+            (1, conv.stride[0]),
+            0,
+            (1, conv.dilation[0]),
+            conv.groups,
+        )
+        # a 1-channel input and weight (the encoder's first convolution) fit either layout
+        # and come out time-last: converted here, once, not by every later operation
+        return out.contiguous(memory_format=torch.channels_last)[:, :, 0]
 
 
 class StreamingConvTranspose1d(Streaming):
@@ -101,22 +138,26 @@ class StreamingConvTranspose1d(Streaming):
         *,
         groups: int = 1,
         bias: bool = True,
+        channels_last: bool = False,
     ) -> None:
         super().__init__()
         self.convtr = nn.ConvTranspose1d(
             in_channels, out_channels, kernel, stride, groups=groups, bias=bias, device=device
         )
+        self.channels_last = channels_last
+        partial = torch.zeros(slots, out_channels, kernel - stride, device=device)
+        if channels_last:
+            self.convtr.weight.data = time_major(self.convtr.weight.data)
+            partial = time_major(partial)
         self.partial: Tensor
-        self.register_buffer(
-            "partial", torch.zeros(slots, out_channels, kernel - stride, device=device), False
-        )
+        self.register_buffer("partial", partial, False)
 
     def reset(self, mask: Tensor) -> None:
         self.partial.masked_fill_(mask[:, None, None], 0.0)
 
     def forward(self, x: Tensor) -> Tensor:
         """x: [slots, in_channels, T] -> [slots, out_channels, T * stride]."""
-        y: Tensor = self.convtr(x)
+        y = self._convolve(x)
         owed = self.partial.shape[2]
         y[..., :owed] += self.partial
         tail = y[..., -owed:]
@@ -125,6 +166,20 @@ class StreamingConvTranspose1d(Streaming):
             tail = tail - self.convtr.bias[:, None]
         self.partial.copy_(tail)
         return y[..., :-owed]
+
+    def _convolve(self, x: Tensor) -> Tensor:
+        if not self.channels_last:
+            out: Tensor = self.convtr(x)
+            return out
+        convtr = self.convtr
+        out = functional.conv_transpose2d(
+            x[:, :, None],
+            convtr.weight[:, :, None],
+            convtr.bias,
+            (1, convtr.stride[0]),
+            groups=convtr.groups,
+        )
+        return out.contiguous(memory_format=torch.channels_last)[:, :, 0]
 
 
 class ResnetBlock(nn.Module):
@@ -138,14 +193,17 @@ class ResnetBlock(nn.Module):
         compress: int,
         slots: int,
         device: torch.device,
+        channels_last: bool,
     ) -> None:
         super().__init__()
         hidden = dim // compress
         self.block = nn.Sequential(
             nn.ELU(),
-            StreamingConv1d(dim, hidden, kernel, slots, device, dilation=dilation),
+            StreamingConv1d(
+                dim, hidden, kernel, slots, device, dilation=dilation, channels_last=channels_last
+            ),
             nn.ELU(),
-            StreamingConv1d(hidden, dim, 1, slots, device),
+            StreamingConv1d(hidden, dim, 1, slots, device, channels_last=channels_last),
         )
 
     def forward(self, x: Tensor) -> Tensor:
@@ -177,21 +235,51 @@ def seanet_encoder(
     compress: int,
     slots: int,
     device: torch.device,
+    channels_last: bool = False,
 ) -> SeanetStack:
     """Waveform [slots, 1, samples] -> latent [slots, dimension, samples / prod(ratios)]."""
-    layers: list[nn.Module] = [StreamingConv1d(1, n_filters, kernel_size, slots, device)]
+    layers: list[nn.Module] = [
+        StreamingConv1d(1, n_filters, kernel_size, slots, device, channels_last=channels_last)
+    ]
     mult = 1
     for ratio in reversed(ratios):
         width = mult * n_filters
         for j in range(n_residual_layers):
             layers.append(
-                ResnetBlock(width, residual_kernel_size, dilation_base**j, compress, slots, device)
+                ResnetBlock(
+                    width,
+                    residual_kernel_size,
+                    dilation_base**j,
+                    compress,
+                    slots,
+                    device,
+                    channels_last=channels_last,
+                )
             )
         layers.append(nn.ELU())
-        layers.append(StreamingConv1d(width, 2 * width, 2 * ratio, slots, device, stride=ratio))
+        layers.append(
+            StreamingConv1d(
+                width,
+                2 * width,
+                2 * ratio,
+                slots,
+                device,
+                stride=ratio,
+                channels_last=channels_last,
+            )
+        )
         mult *= 2
     layers.append(nn.ELU())
-    layers.append(StreamingConv1d(mult * n_filters, dimension, last_kernel_size, slots, device))
+    layers.append(
+        StreamingConv1d(
+            mult * n_filters,
+            dimension,
+            last_kernel_size,
+            slots,
+            device,
+            channels_last=channels_last,
+        )
+    )
     return SeanetStack(layers)
 
 
@@ -208,23 +296,38 @@ def seanet_decoder(
     compress: int,
     slots: int,
     device: torch.device,
+    channels_last: bool = False,
 ) -> SeanetStack:
     """Latent [slots, dimension, frames] -> waveform [slots, 1, frames * prod(ratios)]."""
     mult = 2 ** len(ratios)
     layers: list[nn.Module] = [
-        StreamingConv1d(dimension, mult * n_filters, kernel_size, slots, device)
+        StreamingConv1d(
+            dimension, mult * n_filters, kernel_size, slots, device, channels_last=channels_last
+        )
     ]
     for ratio in ratios:
         width = mult * n_filters
         layers.append(nn.ELU())
-        layers.append(StreamingConvTranspose1d(width, width // 2, 2 * ratio, ratio, slots, device))
+        layers.append(
+            StreamingConvTranspose1d(
+                width, width // 2, 2 * ratio, ratio, slots, device, channels_last=channels_last
+            )
+        )
         for j in range(n_residual_layers):
             layers.append(
                 ResnetBlock(
-                    width // 2, residual_kernel_size, dilation_base**j, compress, slots, device
+                    width // 2,
+                    residual_kernel_size,
+                    dilation_base**j,
+                    compress,
+                    slots,
+                    device,
+                    channels_last=channels_last,
                 )
             )
         mult //= 2
     layers.append(nn.ELU())
-    layers.append(StreamingConv1d(n_filters, 1, last_kernel_size, slots, device))
+    layers.append(
+        StreamingConv1d(n_filters, 1, last_kernel_size, slots, device, channels_last=channels_last)
+    )
     return SeanetStack(layers)

@@ -12,16 +12,19 @@ import torch
 from engine.models.moshi.checkpoint import load_into, mimi_sources, mimi_unused
 from engine.models.moshi.config import tiny
 from engine.models.moshi.mimi.codec import MimiCodec
+from engine.models.moshi.mimi.seanet import StreamingConv1d, StreamingConvTranspose1d
 from tests.engine.models.moshi import kyutai
 
 FRAME = 1920
 
 
+@pytest.mark.parametrize("channels_last", [False, True], ids=["time-last", "channels-last"])
 @pytest.mark.parametrize("context", [250, 6], ids=["context250", "context6-wraps"])
-def test_streaming_codes_and_audio_match_reference(context: int) -> None:
+def test_streaming_codes_and_audio_match_reference(context: int, channels_last: bool) -> None:
+    """Both SEANet layouts (channels-last is the default on CUDA, seanet.py)."""
     config = dataclasses.replace(tiny().mimi, transformer_context=context)
     ref = kyutai.build_mimi(config, seed=41)
-    ours = MimiCodec(config, 3, torch.device("cpu"))
+    ours = MimiCodec(config, 3, torch.device("cpu"), channels_last=channels_last)
     load_into(ours, ref.state_dict(), mimi_sources(ours, config), mimi_unused(config), "ref")
     frames = 24
     generator = torch.Generator().manual_seed(42)
@@ -64,3 +67,30 @@ def test_streaming_codes_and_audio_match_reference(context: int) -> None:
             assert torch.unique(want_codes, dim=1).shape[1] >= (frames - start) // 2
             mine = got_audio[row, start * FRAME :]
             assert (mine - want_audio).norm() <= 1e-4 * want_audio.norm()
+
+
+def test_channels_last_codec_keeps_every_convolution_time_major() -> None:
+    """No layout conversion anywhere: every convolution's input and output, and every state
+    buffer, is stored [slots, T, channels] (channel stride 1), so cuDNN's channels-last
+    kernels take them as they are."""
+    config = tiny().mimi
+    codec = MimiCodec(config, 2, torch.device("cpu"), channels_last=True)
+    seen: list[str] = []
+
+    def check(module: torch.nn.Module, inputs: tuple[torch.Tensor], output: torch.Tensor) -> None:
+        for name, tensor in (("input", inputs[0]), ("output", output)):
+            if tensor.shape[1] > 1 and tensor.shape[2] > 1:
+                assert tensor.stride(1) == 1, (type(module).__name__, name, tensor.stride())
+        seen.append(type(module).__name__)
+
+    for module in codec.modules():
+        if isinstance(module, StreamingConv1d | StreamingConvTranspose1d):
+            module.register_forward_hook(check)
+            state = module.previous if isinstance(module, StreamingConv1d) else module.partial
+            if state.shape[1] > 1 and state.shape[2] > 1:
+                assert state.stride(1) == 1, state.stride()
+    with torch.no_grad():
+        codes = codec.encode(torch.randn(2, FRAME))
+        codec.decode(codes)
+    assert "StreamingConv1d" in seen
+    assert "StreamingConvTranspose1d" in seen
