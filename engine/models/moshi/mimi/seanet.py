@@ -38,6 +38,12 @@ def time_major(tensor: Tensor) -> Tensor:
     return tensor.permute(0, 2, 1).contiguous().permute(0, 2, 1)
 
 
+def time_major_4d(x: Tensor) -> Tensor:
+    """[n, channels, 1, length] in channels-last format -> [n, channels, length] time-major
+    (no copy when it already is)."""
+    return x.contiguous(memory_format=torch.channels_last)[:, :, 0]
+
+
 def streaming_parts(*modules: nn.Module) -> tuple[Streaming, ...]:
     """Every streaming submodule of `modules`, in order: found once, then reset per step."""
     return tuple(
@@ -122,8 +128,8 @@ class StreamingConv1d(Streaming):
             conv.groups,
         )
         # a 1-channel input and weight (the encoder's first convolution) fit either layout
-        # and come out time-last: converted here, once, not by every later operation
-        return out.contiguous(memory_format=torch.channels_last)[:, :, 0]
+        # and may come out time-last: converted here, once (a no-op when channels-last)
+        return time_major_4d(out)
 
 
 class StreamingConvTranspose1d(Streaming):
@@ -145,8 +151,12 @@ class StreamingConvTranspose1d(Streaming):
             in_channels, out_channels, kernel, stride, groups=groups, bias=bias, device=device
         )
         self.channels_last = channels_last
+        # cuDNN's channels-last kernel for a grouped transposed convolution (Mimi's
+        # channel-wise upsample) took 568 us of a 2.8 ms decode at 128 calls
+        # (bench/results/mimi_gpu_channels_last_first.json): a grouped one runs time-last
+        self.kernel_channels_last = channels_last and groups == 1
         partial = torch.zeros(slots, out_channels, kernel - stride, device=device)
-        if channels_last:
+        if self.kernel_channels_last:
             self.convtr.weight.data = time_major(self.convtr.weight.data)
             partial = time_major(partial)
         self.partial: Tensor
@@ -168,18 +178,17 @@ class StreamingConvTranspose1d(Streaming):
         return y[..., :-owed]
 
     def _convolve(self, x: Tensor) -> Tensor:
-        if not self.channels_last:
-            out: Tensor = self.convtr(x)
-            return out
+        if not self.kernel_channels_last:
+            out: Tensor = self.convtr(x.contiguous())  # no copy for a time-last input
+            return time_major_4d(out[:, :, None]) if self.channels_last else out
         convtr = self.convtr
-        out = functional.conv_transpose2d(
+        return functional.conv_transpose2d(
             x[:, :, None],
             convtr.weight[:, :, None],
             convtr.bias,
             (1, convtr.stride[0]),
             groups=convtr.groups,
-        )
-        return out.contiguous(memory_format=torch.channels_last)[:, :, 0]
+        )[:, :, 0]
 
 
 class ResnetBlock(nn.Module):
