@@ -12,12 +12,22 @@ import torch
 from torch import Tensor, nn
 from torch.nn import functional
 
-from engine.models.moshi.attention import RmsNorm
+from engine.models.moshi.attention import RmsNorm, fused_on
 from engine.models.moshi.config import LmConfig
 from engine.models.moshi.delays import TokenDelays
 from engine.models.moshi.depformer import Depformer
 from engine.models.moshi.sampling import Sampling, sample
 from engine.models.moshi.transformer import RMS_EPS, TemporalTransformer
+
+
+def embed_streams(tokens: Tensor, audio: Tensor, text: Tensor) -> Tensor:
+    """tokens: int64 [..., 1 + audio streams] (text first) -> [..., dim]: the audio streams'
+    embeddings summed in order, then the text's, as the reference does (the order matters
+    for bit-exact sums)."""
+    x = functional.embedding(tokens[..., 1], audio[0])
+    for k in range(1, audio.shape[0]):
+        x = x + functional.embedding(tokens[..., 1 + k], audio[k])
+    return x + functional.embedding(tokens[..., 0], text)
 
 
 class MoshiLm(nn.Module):
@@ -77,14 +87,19 @@ class MoshiLm(nn.Module):
         )
         initial = (config.text_card,) + (config.card,) * (2 * audio)
         self.delays = TokenDelays(config.delays, 1 + audio, initial, slots, device)
+        # None: the embedding kernel on CUDA only (see fused_on). Read at every step: set it
+        # before a graph is captured
+        self.fused: bool | None = None
 
     def embed(self, tokens: Tensor) -> Tensor:
-        """tokens: int64 [B, T, streams] -> [B, T, dim]; audio streams summed in order, then
-        text, as the reference does (the order matters for bit-exact fp32 sums)."""
-        x = functional.embedding(tokens[..., 1], self.emb[0])
-        for k in range(1, self.emb.shape[0]):
-            x = x + functional.embedding(tokens[..., 1 + k], self.emb[k])
-        return x + functional.embedding(tokens[..., 0], self.text_emb)
+        """tokens: int64 [B, T, streams] -> [B, T, dim] (embed_streams); on CUDA in one
+        launch of kernels/embed_sum.py, bit for bit the same."""
+        if fused_on(tokens, self.fused):
+            # imported here: triton is absent from CPU-only installs, which never take this path
+            from kernels.embed_sum import embed_sum
+
+            return embed_sum(tokens, self.emb, self.text_emb)
+        return embed_streams(tokens, self.emb, self.text_emb)
 
     def reset(self, mask: Tensor) -> None:
         self.transformer.reset(mask)
