@@ -1,6 +1,7 @@
 """Where a Moshi 7B tick goes: time and kernels per stage of the device step, on one GPU.
 
-    python bench/engine_stages.py --slots 1,128 --json OUT.json
+    python bench/engine_stages.py --slots 1,128 --json OUT.json [--stages temporal,depformer]
+        [--per-op]
 
 For each slot count it builds Cadence's Moshi (bf16, random weights, 1500-frame KV rings,
 greedy) and captures each stage of `MoshiModel.device_step` as its own CUDA graph:
@@ -12,6 +13,9 @@ greedy) and captures each stage of `MoshiModel.device_step` as its own CUDA grap
   sampling (every ring full: each slot's position is set past the context first);
 - `depformer`: 8 dependent depth steps x 6 layers, with sampling;
 - `mimi_decode`: codes [slots, 8] -> pcm [slots, 1920], fp32, young rings likewise.
+
+`--per-op` also times the depformer with its per-op kernels (`few_rows` 0: no few-rows
+linear, kernels/fused_linear.py) as `depformer_per_op`, the before of that kernel.
 
 Reported per stage: median and p99 ms per replay (CUDA events, 50 replays after 5), and the
 number of kernels one eager run of the stage launches (torch profiler). The sum of the
@@ -43,7 +47,7 @@ from engine.models.moshi.sampling import Sampling, sample
 log = logging.getLogger("engine_stages")
 
 
-def stages(slots: int) -> dict[str, Any]:
+def stages(slots: int, names: list[str], per_op: bool) -> dict[str, Any]:
     config = moshiko()
     device = torch.device("cuda")
     greedy = Sampling(greedy=True, temperature=1.0, top_k=1)
@@ -72,11 +76,17 @@ def stages(slots: int) -> dict[str, Any]:
         "depformer": lambda: lm.depformer(hidden, text, greedy, generator),
         "mimi_decode": lambda: mimi.decode(codes),
     }
+    plan = {name: plan[name] for name in names}
     row: dict[str, Any] = {"slots": slots}
     with torch.no_grad():
         for name, stage in plan.items():
             row[name] = summary(replay_ms(stage)) | {"kernels": count_kernels(stage)}
             log.info("%d slots %s %s", slots, name, row[name])
+        if per_op and "depformer" in plan:
+            lm.depformer.few_rows = 0
+            stage = plan["depformer"]
+            row["depformer_per_op"] = summary(replay_ms(stage)) | {"kernels": count_kernels(stage)}
+            log.info("%d slots depformer_per_op %s", slots, row["depformer_per_op"])
     row["sum_median_ms"] = round(sum(row[name]["median_ms"] for name in plan), 3)
     row["sum_kernels"] = sum(row[name]["kernels"] for name in plan)
     return row
@@ -86,6 +96,8 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--slots", default="1,128")
     parser.add_argument("--json", type=Path)
+    parser.add_argument("--stages", default="mimi_encode,temporal,depformer,mimi_decode")
+    parser.add_argument("--per-op", action="store_true")
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
     torch.backends.cuda.matmul.allow_tf32 = True  # the engine's setting (build_model)
@@ -96,7 +108,7 @@ def main() -> int:
         "rows": [],
     }
     for slots in [int(s) for s in args.slots.split(",")]:
-        result["rows"].append(stages(slots))
+        result["rows"].append(stages(slots, args.stages.split(","), args.per_op))
         torch.cuda.empty_cache()
         if args.json:
             args.json.write_text(json.dumps(result, indent=1))

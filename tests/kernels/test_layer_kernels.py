@@ -16,7 +16,7 @@ import torch
 pytest.importorskip("triton", reason="triton is not installed (CPU torch does not bring it)")
 
 from engine.models.moshi.attention import ring_mask
-from engine.models.moshi.depformer import Depformer
+from engine.models.moshi.depformer import FEW_ROWS, Depformer
 from engine.models.moshi.model import randomize
 from engine.models.moshi.sampling import Sampling
 from engine.models.moshi.transformer import TemporalLayer
@@ -138,7 +138,8 @@ def test_temporal_layer_fused_matches_torch_path() -> None:
     torch.testing.assert_close(outputs[1], outputs[0], rtol=1e-5, atol=1e-5)
 
 
-def test_depformer_fused_gives_the_torch_path_tokens() -> None:
+@pytest.mark.parametrize("few_rows", [0, FEW_ROWS], ids=["per_op_kernels", "few_rows_kernels"])
+def test_depformer_fused_gives_the_torch_path_tokens(few_rows: int) -> None:
     slots, steps = 4, 4
     depformer = Depformer(
         steps=steps,
@@ -154,6 +155,7 @@ def test_depformer_fused_gives_the_torch_path_tokens() -> None:
         dtype=torch.float32,
     )
     randomize(depformer, 15)
+    depformer.few_rows = few_rows
     greedy = Sampling(greedy=True, temperature=1.0, top_k=1)
     tokens = []
     with torch.no_grad():

@@ -26,6 +26,10 @@ from engine.models.moshi.attention import RmsNorm, add_rms_norm, fused_on, rms_n
 from engine.models.moshi.sampling import Sampling, sample
 from engine.models.moshi.transformer import RMS_EPS, gated_ffn
 
+# the largest batch for which the few-rows kernels beat the per-op ones (measured: see
+# kernels/fused_linear.py's docstring); at most that module's MAX_ROWS
+FEW_ROWS = 4
+
 
 class StepAttention(nn.Module):
     def __init__(
@@ -97,9 +101,13 @@ class DepformerLayer(nn.Module):
         keys: Tensor,
         values: Tensor,
         fused: bool,
+        few_rows: bool = False,
     ) -> Tensor:
         """The layer's input is x + pending (pending: the first layer's token embedding, added
-        in the norm's launch when fused). `fused`: the kernels of kernels/ (see gated_ffn)."""
+        in the norm's launch when fused). `fused`: the kernels of kernels/ (see gated_ffn);
+        `few_rows` (fused, at most Depformer.few_rows slots): five launches, see _few_rows."""
+        if few_rows:
+            return self._few_rows(x, pending, step, keys, values)
         if pending is None:
             normed = rms_norm(x, self.norm1.alpha, self.norm1.eps, fused)
         else:
@@ -108,6 +116,30 @@ class DepformerLayer(nn.Module):
         x, normed = add_rms_norm(x, attended, self.norm2.alpha, self.norm2.eps, fused)
         out: Tensor = self.gating(normed, step, x, fused)
         return out
+
+    def _few_rows(
+        self, x: Tensor, pending: Tensor | None, step: int, keys: Tensor, values: Tensor
+    ) -> Tensor:
+        """The fused layer step for a few slots in five launches (kernels/fused_linear.py):
+        [norm (+ pending) + qkv], [attention], [out + residual], [norm + gate/up + SiLU],
+        [down + residual]. The norm after attention is the gate/up GEMM's prologue."""
+        # imported here: triton is absent from CPU-only installs, which never take this path
+        from kernels.fused_linear import add_fused_linear, fused_linear
+        from kernels.step_attention import step_attention
+
+        batch, _, dim = x.shape
+        in_proj = self.self_attn.in_proj[step]
+        if pending is None:
+            qkv = fused_linear(x, in_proj, alpha=self.norm1.alpha, eps=self.norm1.eps)
+        else:
+            x, qkv = add_fused_linear(
+                x, pending, in_proj, alpha=self.norm1.alpha, eps=self.norm1.eps
+            )
+        attended = step_attention(qkv.view(batch, 3 * dim), keys, values, step)
+        x = fused_linear(attended.view(x.shape), self.self_attn.out_proj[step], residual=x)
+        linear_in, linear_out = self.gating.linear_in[step], self.gating.linear_out[step]
+        gated = fused_linear(x, linear_in, alpha=self.norm2.alpha, eps=self.norm2.eps, gated=True)
+        return fused_linear(gated, linear_out, residual=x)
 
 
 class Depformer(nn.Module):
@@ -149,6 +181,9 @@ class Depformer(nn.Module):
         # None: the fused kernels on CUDA only (see fused_on). Read at every call: set it
         # before a graph is captured
         self.fused: bool | None = None
+        # the fused path's largest batch that takes the few-rows kernels (DepformerLayer's
+        # _few_rows; 0: never). Read at every call, like `fused`
+        self.few_rows = FEW_ROWS
 
     def forward(
         self,
@@ -165,6 +200,7 @@ class Depformer(nn.Module):
         [B, steps] is returned and fed to the next step instead of the sampled token.
         """
         fused = fused_on(hidden, self.fused)
+        few_rows = fused and hidden.shape[0] <= self.few_rows
         dep_dim = self.depformer_in.shape[1]
         projected = None
         if fused:
@@ -183,12 +219,20 @@ class Depformer(nn.Module):
             for index, layer in enumerate(self.layers):
                 batch = x.shape[0]  # all slots, or 1 for a prompt replay
                 keys, values = self.keys[index, :batch], self.values[index, :batch]
-                x = layer(x, pending, step, keys, values, fused)
+                x = layer(x, pending, step, keys, values, fused, few_rows)
                 pending = None
-            logits = functional.linear(x[:, 0], self.linears[step])  # [B, card]
+            logits = self._head(x[:, 0], step, few_rows)  # [B, card]
             token = sample(logits, how, generator)
             if forced is not None and forced_mask is not None:
                 token = torch.where(forced_mask[:, step], forced[:, step], token)
             tokens.append(token)
             previous = token
         return torch.stack(tokens, dim=1)
+
+    def _head(self, x: Tensor, step: int, few_rows: bool) -> Tensor:
+        """x: [B, dep_dim] -> step's logits [B, card]."""
+        if few_rows:
+            from kernels.fused_linear import fused_linear
+
+            return fused_linear(x, self.linears[step])
+        return functional.linear(x, self.linears[step])

@@ -1,0 +1,334 @@
+"""A linear layer for a few rows, with the RMSNorm in front of it or the residual add or the
+SiLU gate behind it in the same launch.
+
+At one call the depformer's tick is launch-bound: its GEMMs have 1 to 16 rows (one per slot),
+and a layer step was 8 launches (norm, qkv, attention, out, add + norm, linear_in, gate,
+down). With this kernel a layer step is 5: [norm(+pending) + qkv], [attention],
+[out + residual], [norm + gate/up + SiLU], [down + residual]. For rows <= MAX_ROWS:
+
+    x, pending:  [..., k]        unit-stride rows, evenly spaced (a column slice is fine)
+    weight:      [n, k]          unit-stride rows; gated: [2 * n, k], rows [gate | up]
+    alpha:       [k]             RMSNorm gain (any shape of k values), eps its epsilon
+    residual:    [..., n]        unit-stride rows
+    out:         [..., n]        contiguous, in x's dtype
+
+    total  = x + pending                          rounded to x's dtype (add_fused_linear)
+    normed = total * (alpha * rsqrt(eps + mean(total^2)))   fp32, rounded to x's dtype
+    y      = normed @ weight^T                    fp32 accumulation, rounded to x's dtype
+    out    = y | residual + y | silu(y_gate) * y_up     rounded as torch's bf16 ops round
+
+Every rounding point is torch's (kernels/rms_norm.py, kernels/gated_silu.py and a bf16
+`residual + linear(...)`), so bf16 outputs differ from the torch ops only where the fp32
+sums, reduced in another order than cuBLAS's, round to the neighbouring value.
+
+One program per BLOCK_N output columns (gated: BLOCK_N gate and the matching up columns)
+holds every row: the weight is read once, the rows (a few KB) by every program from L2. The
+norm's statistics are recomputed by each program (a first pass over the rows); with `pending`
+the first program also writes the sum. Products run on the tensor cores (`tl.dot`, rows padded
+to 16) or on the CUDA cores (a broadcast product summed over k); `Tiles` picks which.
+
+Predicted before measuring (H200, bf16, CUDA graph): per layer step of the depformer at one
+slot ~25 MB of weights are read by 5 launches of ~2-5 us instead of 8, so the stage goes from
+466 to ~320 kernels and from 1.94 to ~1.3 ms; at 8 slots about the same. On the temporal
+shapes (k 4096, n up to 22528) cuBLAS already streams at ~75% of HBM; this kernel should
+be within 10% of it, so it is not wired there unless it measures faster.
+"""
+
+from dataclasses import dataclass
+
+import torch
+import triton  # type: ignore[import-not-found,import-untyped,unused-ignore]
+import triton.language as tl  # type: ignore[import-not-found,import-untyped,unused-ignore]
+from torch import Tensor
+from torch.nn import functional
+
+FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+MAX_ROWS = 16  # rows of one program; more rows would re-read the weight per row block
+STREAM = tl.constexpr("evict_first")  # the weights' cache policy (read once)
+CUDA_CORE_ROWS = 4  # default_tiles: rows up to this many on the CUDA cores
+
+
+@dataclass(frozen=True)
+class Tiles:
+    """A program's shape: `block_n` output columns, `block_k` of the reduction per iteration,
+    on the tensor cores (`dot`) or the CUDA cores."""
+
+    block_n: int
+    block_k: int
+    dot: bool
+    warps: int = 4
+    stages: int = 3
+
+
+def default_tiles(rows: int, n: int, k: int) -> Tiles:
+    """The tiles the launcher takes when given none (measured: see the module docstring).
+
+    Up to CUDA_CORE_ROWS rows, two output columns per program and whole 1024-wide slices of
+    k at a time: many programs, each with 4 KB of weights in flight per load. More rows, the
+    broadcast product outgrows the registers: the tensor cores."""
+    del n, k
+    if rows <= CUDA_CORE_ROWS:
+        return Tiles(block_n=2, block_k=1024, dot=False)
+    return Tiles(block_n=16, block_k=512, dot=True)
+
+
+def fused_linear_reference(
+    x: Tensor,
+    weight: Tensor,
+    *,
+    alpha: Tensor | None = None,
+    eps: float = 0.0,
+    pending: Tensor | None = None,
+    residual: Tensor | None = None,
+    gated: bool = False,
+) -> tuple[Tensor, Tensor]:
+    """(x + pending or x, out) in torch ops, rounded where the module docstring says."""
+    total = x if pending is None else x + pending
+    normed = total
+    if alpha is not None:
+        total_f32 = total.float()
+        var = eps + torch.mean(total_f32**2, dim=-1, keepdim=True)
+        normed = (total_f32 * (alpha.reshape(-1).to(var) * torch.rsqrt(var))).to(x.dtype)
+    # fp32 products and sums, rounded once, as the kernel (cuBLAS's bf16 GEMMs may reduce
+    # partial sums in bf16: its outputs can be further from the exact sum than the kernel's)
+    y = functional.linear(normed.float(), weight.float()).to(x.dtype)
+    if gated:
+        gate, up = y.view(*y.shape[:-1], 2, -1).unbind(-2)
+        y = functional.silu(gate) * up
+    if residual is not None:
+        y = residual + y
+    return total, y
+
+
+@triton.jit  # type: ignore[untyped-decorator,unused-ignore]
+def _load_rows(  # type: ignore[no-untyped-def,unused-ignore]
+    x_ptr,
+    pending_ptr,
+    stride_x,
+    stride_pending,
+    rows,
+    cols,
+    inside,
+    has_pending: tl.constexpr,
+):
+    """[block_m, block_k] of x (+ pending, rounded to x's dtype)."""
+    x = tl.load(x_ptr + rows[:, None] * stride_x + cols[None, :], mask=inside, other=0.0)
+    if has_pending:
+        pending = tl.load(
+            pending_ptr + rows[:, None] * stride_pending + cols[None, :], mask=inside, other=0.0
+        )
+        x = (x.to(tl.float32) + pending.to(tl.float32)).to(x.dtype)
+    return x
+
+
+@triton.jit  # type: ignore[untyped-decorator,unused-ignore]
+def _product(acc, x, w, dot: tl.constexpr, widen: tl.constexpr):  # type: ignore[no-untyped-def,unused-ignore]
+    """acc [block_m, block_n] + x [block_m, block_k] @ w [block_n, block_k]^T, in fp32;
+    `widen`: fp32 operands, full-precision products (no TF32)."""
+    if dot and widen:
+        acc = tl.dot(x.to(tl.float32), tl.trans(w.to(tl.float32)), acc, input_precision="ieee")
+    elif dot:
+        acc = tl.dot(x, tl.trans(w), acc)
+    else:
+        acc += tl.sum(x.to(tl.float32)[:, None, :] * w.to(tl.float32)[None, :, :], axis=2)
+    return acc
+
+
+# the row count is not specialised: 1 and 16 would each compile their own variant
+@triton.jit(do_not_specialize=["rows"])  # type: ignore[untyped-decorator,unused-ignore]
+def _fused_linear_kernel(  # type: ignore[no-untyped-def,unused-ignore]
+    x_ptr,
+    pending_ptr,
+    alpha_ptr,
+    weight_ptr,
+    residual_ptr,
+    total_ptr,
+    out_ptr,
+    rows,
+    n,
+    k,
+    stride_x,
+    stride_pending,
+    stride_weight,
+    stride_residual,
+    eps,
+    block_m: tl.constexpr,
+    block_n: tl.constexpr,
+    block_k: tl.constexpr,
+    norm: tl.constexpr,
+    has_pending: tl.constexpr,
+    has_residual: tl.constexpr,
+    gated: tl.constexpr,
+    dot: tl.constexpr,
+    widen: tl.constexpr,
+):
+    program = tl.program_id(0)
+    row = tl.arange(0, block_m)
+    row_in = row < rows
+    col = program * block_n + tl.arange(0, block_n)
+    col_in = col < n
+    steps = tl.arange(0, block_k)
+    if norm:
+        sum_sq = tl.zeros([block_m], dtype=tl.float32)
+        for start in range(0, k, block_k):
+            cols = start + steps
+            inside = row_in[:, None] & (cols < k)[None, :]
+            total = _load_rows(
+                x_ptr, pending_ptr, stride_x, stride_pending, row, cols, inside, has_pending
+            )
+            # one program writes the sum; the others only read it. Two ifs: the first is
+            # resolved at compile time, the second at run time
+            if has_pending:  # noqa: SIM102
+                if program == 0:
+                    tl.store(total_ptr + row[:, None] * k + cols[None, :], total, mask=inside)
+            total_f32 = total.to(tl.float32)
+            sum_sq += tl.sum(total_f32 * total_f32, axis=1)
+        inv = tl.rsqrt(eps + sum_sq / k)
+    acc = tl.zeros([block_m, block_n], dtype=tl.float32)
+    acc_up = tl.zeros([block_m, block_n], dtype=tl.float32)
+    weight_rows = weight_ptr + col.to(tl.int64)[:, None] * stride_weight
+    up_rows = weight_ptr + (col + n).to(tl.int64)[:, None] * stride_weight
+    for start in range(0, k, block_k):
+        cols = start + steps
+        cols_in = cols < k
+        inside = row_in[:, None] & cols_in[None, :]
+        x = _load_rows(x_ptr, pending_ptr, stride_x, stride_pending, row, cols, inside, has_pending)
+        if norm:
+            alpha = tl.load(alpha_ptr + cols, mask=cols_in, other=0.0).to(tl.float32)
+            x = (x.to(tl.float32) * (alpha[None, :] * inv[:, None])).to(x.dtype)
+        tile = col_in[:, None] & cols_in[None, :]
+        # each weight is read once: it need not stay in L2, the rows do
+        w = tl.load(weight_rows + cols[None, :], mask=tile, other=0.0, eviction_policy=STREAM)
+        acc = _product(acc, x, w, dot, widen)
+        if gated:
+            w_up = tl.load(up_rows + cols[None, :], mask=tile, other=0.0, eviction_policy=STREAM)
+            acc_up = _product(acc_up, x, w_up, dot, widen)
+    dtype = out_ptr.dtype.element_ty
+    out = acc.to(dtype)
+    if gated:
+        gate = out.to(tl.float32)
+        silu = (gate / (1.0 + tl.exp(-gate))).to(dtype)
+        out = (silu.to(tl.float32) * acc_up.to(dtype).to(tl.float32)).to(dtype)
+    written = row_in[:, None] & col_in[None, :]
+    if has_residual:
+        residual = tl.load(
+            residual_ptr + row[:, None] * stride_residual + col[None, :], mask=written, other=0.0
+        )
+        out = (residual.to(tl.float32) + out.to(tl.float32)).to(dtype)
+    tl.store(out_ptr + row[:, None] * n + col[None, :], out, mask=written)
+
+
+def _rows(x: Tensor, width: int, name: str) -> Tensor:
+    """[..., width] as [rows, width] without a copy: rows unit-stride and evenly spaced."""
+    assert x.shape[-1] == width, f"{name}: {tuple(x.shape)}, last dimension must be {width}"
+    assert x.stride(-1) == 1, f"{name} rows must be unit-stride, strides {x.stride()}"
+    return x.view(-1, width)
+
+
+def _launch(
+    x: Tensor,
+    weight: Tensor,
+    alpha: Tensor | None,
+    eps: float,
+    pending: Tensor | None,
+    residual: Tensor | None,
+    gated: bool,
+    tiles: Tiles | None,
+) -> tuple[Tensor, Tensor]:
+    k = x.shape[-1]
+    rows = _rows(x, k, "x")
+    count = rows.shape[0]
+    n = weight.shape[0] // 2 if gated else weight.shape[0]
+    assert x.dtype in FLOAT_DTYPES, x.dtype
+    assert 1 <= count <= MAX_ROWS, f"{count} rows: the kernel takes 1 to {MAX_ROWS}"
+    assert weight.dim() == 2, tuple(weight.shape)
+    assert weight.shape[1] == k, (tuple(weight.shape), k)
+    assert weight.stride(1) == 1, f"weight rows must be unit-stride, strides {weight.stride()}"
+    assert not gated or weight.shape[0] % 2 == 0, f"gated: {weight.shape[0]} rows must be even"
+    assert weight.dtype == x.dtype, (weight.dtype, x.dtype)
+    assert weight.device == x.device, "tensors on one device"
+    out = torch.empty(*x.shape[:-1], n, device=x.device, dtype=x.dtype)
+    total = x
+    pending_rows = rows
+    if pending is not None:
+        assert alpha is not None, "pending is added in the norm's prologue: give alpha"
+        assert pending.shape == x.shape, (tuple(pending.shape), tuple(x.shape))
+        assert pending.dtype == x.dtype, (pending.dtype, x.dtype)
+        assert pending.device == x.device, "tensors on one device"
+        pending_rows = _rows(pending, k, "pending")
+        total = torch.empty(x.shape, device=x.device, dtype=x.dtype)
+    if alpha is not None:
+        assert alpha.numel() == k, (tuple(alpha.shape), k)
+        assert alpha.is_contiguous(), "alpha must be contiguous"
+        assert alpha.device == x.device, "tensors on one device"
+    residual_rows = out.view(-1, n)
+    if residual is not None:
+        assert residual.shape == out.shape, (tuple(residual.shape), tuple(out.shape))
+        assert residual.dtype == x.dtype, (residual.dtype, x.dtype)
+        assert residual.device == x.device, "tensors on one device"
+        residual_rows = _rows(residual, n, "residual")
+    tiles = default_tiles(count, n, k) if tiles is None else tiles
+    block_m = triton.next_power_of_2(count)
+    if tiles.dot:
+        block_m = max(16, block_m)  # the tensor cores' smallest tile
+        assert min(tiles.block_n, tiles.block_k) >= 16, tiles
+    _fused_linear_kernel[(triton.cdiv(n, tiles.block_n),)](
+        rows,
+        pending_rows,
+        rows if alpha is None else alpha,
+        weight,
+        residual_rows,
+        total,
+        out,
+        count,
+        n,
+        k,
+        rows.stride(0),
+        pending_rows.stride(0),
+        weight.stride(0),
+        residual_rows.stride(0),
+        eps,
+        block_m=block_m,
+        block_n=tiles.block_n,
+        block_k=tiles.block_k,
+        norm=alpha is not None,
+        has_pending=pending is not None,
+        has_residual=residual is not None,
+        gated=gated,
+        dot=tiles.dot,
+        # torch's fp32 linear is full fp32 (no TF32), and Triton's interpreter (3.9) gets
+        # 16-bit tl.dot wrong: there 16-bit operands go in as fp32 (exact products, same sums)
+        widen=x.dtype == torch.float32 or not x.is_cuda,
+        num_warps=tiles.warps,
+        num_stages=tiles.stages,
+    )
+    return total, out
+
+
+def fused_linear(
+    x: Tensor,
+    weight: Tensor,
+    *,
+    alpha: Tensor | None = None,
+    eps: float = 0.0,
+    residual: Tensor | None = None,
+    gated: bool = False,
+    tiles: Tiles | None = None,
+) -> Tensor:
+    """x: [..., k] -> [..., n]: linear(rms_norm(x) if alpha is given), then silu(gate) * up
+    if `gated`, plus `residual` if given (module docstring), one launch."""
+    return _launch(x, weight, alpha, eps, None, residual, gated, tiles)[1]
+
+
+def add_fused_linear(
+    x: Tensor,
+    pending: Tensor,
+    weight: Tensor,
+    *,
+    alpha: Tensor,
+    eps: float,
+    gated: bool = False,
+    tiles: Tiles | None = None,
+) -> tuple[Tensor, Tensor]:
+    """x, pending: [..., k] -> (x + pending, linear(rms_norm(x + pending))), one launch."""
+    return _launch(x, weight, alpha, eps, pending, None, gated, tiles)

@@ -1,0 +1,170 @@
+"""The few-rows linear (kernels/fused_linear.py) against its torch reference, in every
+prologue and epilogue, on the tensor cores and on the CUDA cores.
+
+Interpreter tests (no CUDA) use small shapes; GPU tests the Moshi 7B shapes, compiled.
+"""
+
+import os
+
+import pytest
+
+pytest.importorskip("torch")
+
+import torch
+
+pytest.importorskip("triton", reason="triton is not installed (CPU torch does not bring it)")
+
+from kernels.fused_linear import (
+    MAX_ROWS,
+    Tiles,
+    add_fused_linear,
+    fused_linear,
+    fused_linear_reference,
+)
+
+DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+EPS = 1e-8
+# Triton's interpreter truncates fp32 -> bf16 instead of rounding (see test_layer_kernels)
+INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
+SMALL_TILES = [Tiles(block_n=16, block_k=32, dot=True), Tiles(block_n=8, block_k=32, dot=False)]
+# the modes of the module docstring: (norm, pending, residual, gated)
+MODES = {
+    "plain": (False, False, False, False),
+    "norm": (True, False, False, False),
+    "norm_pending": (True, True, False, False),
+    "residual": (False, False, True, False),
+    "norm_gated": (True, False, False, True),
+    "norm_pending_gated": (True, True, False, True),
+    "gated_residual": (False, False, True, True),
+}
+
+interpreter = pytest.mark.interpreter
+gpu = pytest.mark.gpu
+needs_cpu = pytest.mark.skipif(DEVICE.type == "cuda", reason="compiled tests run on CUDA")
+needs_cuda = pytest.mark.skipif(DEVICE.type != "cuda", reason="needs a CUDA device")
+
+
+def _randn(*shape: int, dtype: torch.dtype, seed: int, scale: float = 1.0) -> torch.Tensor:
+    generator = torch.Generator().manual_seed(seed)
+    return (torch.randn(shape, generator=generator) * scale).to(DEVICE, dtype)
+
+
+def _assert_near(got: torch.Tensor, want: torch.Tensor) -> None:
+    """fp32: to a few ulp of the sums; 16-bit: within two units of rounding of the output's
+    largest value and, compiled, nearly all equal (sums in another order round apart rarely)."""
+    assert got.shape == want.shape, (got.shape, want.shape)
+    assert got.dtype == want.dtype, (got.dtype, want.dtype)
+    if got.dtype == torch.float32:
+        torch.testing.assert_close(got, want, rtol=2e-5, atol=2e-5)
+        return
+    step = 2.0**-7 if got.dtype == torch.bfloat16 else 2.0**-10
+    # interpreted, each of the (up to 4) truncations in a row can lose an ulp
+    ulps = 8 if INTERPRETED and got.dtype == torch.bfloat16 else 2
+    scale = want.float().abs().amax().clamp(min=1.0)
+    apart = (got.float() - want.float()).abs()
+    assert float(apart.max()) <= ulps * step * float(scale), float(apart.max())
+    if not INTERPRETED:
+        assert float((apart > 0).float().mean()) <= 0.05, "more than 5% of values differ"
+
+
+def _check(
+    mode: str,
+    rows: int,
+    n: int,
+    k: int,
+    dtype: torch.dtype,
+    tiles: Tiles | None,
+    x_scale: float = 2.0,
+) -> None:
+    norm, has_pending, has_residual, gated = MODES[mode]
+    x = _randn(rows, 1, k, dtype=dtype, seed=1, scale=x_scale)
+    weight = _randn(2 * n if gated else n, k, dtype=dtype, seed=2, scale=k**-0.5)
+    alpha = _randn(1, 1, k, dtype=dtype, seed=3) if norm else None
+    pending = _randn(rows, 1, k, dtype=dtype, seed=4) if has_pending else None
+    residual = _randn(rows, 1, n, dtype=dtype, seed=5) if has_residual else None
+    want_total, want = fused_linear_reference(
+        x, weight, alpha=alpha, eps=EPS, pending=pending, residual=residual, gated=gated
+    )
+    if pending is not None:
+        assert alpha is not None
+        total, got = add_fused_linear(
+            x, pending, weight, alpha=alpha, eps=EPS, gated=gated, tiles=tiles
+        )
+        if dtype == torch.bfloat16 and INTERPRETED:
+            _assert_near(total, want_total)
+            # the truncated sum is the norm's input: the rest is checked from it
+            _, want = fused_linear_reference(total, weight, alpha=alpha, eps=EPS, gated=gated)
+        else:
+            assert torch.equal(total, want_total)
+    else:
+        got = fused_linear(
+            x, weight, alpha=alpha, eps=EPS, residual=residual, gated=gated, tiles=tiles
+        )
+    _assert_near(got, want)
+
+
+@interpreter
+@needs_cpu
+@pytest.mark.parametrize("tiles", SMALL_TILES, ids=["dot", "cuda_cores"])
+@pytest.mark.parametrize("mode", list(MODES))
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_interpreted_modes_match_reference(mode: str, dtype: torch.dtype, tiles: Tiles) -> None:
+    # k and n not multiples of the tiles: the masked edges are exercised
+    _check(mode, 3, 40, 72, dtype, tiles)
+
+
+@interpreter
+@needs_cpu
+@pytest.mark.parametrize("rows", [1, 2, MAX_ROWS])
+def test_interpreted_row_counts(rows: int) -> None:
+    _check("norm_pending", rows, 24, 48, torch.float32, SMALL_TILES[0])
+    _check("residual", rows, 24, 48, torch.float32, SMALL_TILES[1])
+
+
+@interpreter
+@needs_cpu
+def test_reads_a_column_slice_and_refuses_bad_layouts() -> None:
+    wide = _randn(2, 1, 4 * 32, dtype=torch.float32, seed=6)
+    x = wide[..., 64:96]  # row stride 128: the depformer's slice of all steps' projections
+    pending = _randn(2, 1, 32, dtype=torch.float32, seed=7)
+    weight = _randn(16, 32, dtype=torch.float32, seed=8)
+    alpha = _randn(32, dtype=torch.float32, seed=9)
+    total, got = add_fused_linear(x, pending, weight, alpha=alpha, eps=EPS, tiles=SMALL_TILES[0])
+    want_total, want = fused_linear_reference(x, weight, alpha=alpha, eps=EPS, pending=pending)
+    assert torch.equal(total, want_total)
+    _assert_near(got, want)
+    with pytest.raises(AssertionError, match="unit-stride"):
+        fused_linear(wide[..., ::4], weight)
+    with pytest.raises(AssertionError, match="rows"):
+        fused_linear(_randn(MAX_ROWS + 1, 32, dtype=torch.float32, seed=10), weight)
+
+
+@gpu
+@needs_cuda
+@pytest.mark.parametrize("rows", [1, 8, MAX_ROWS])
+@pytest.mark.parametrize(
+    ("mode", "n", "k"),
+    [
+        ("norm_pending", 3 * 1024, 1024),  # the depformer's layer step
+        ("residual", 1024, 1024),
+        ("norm_gated", 2816, 1024),
+        ("residual", 1024, 2816),
+        ("plain", 2048, 1024),  # its head
+        ("norm", 3 * 4096, 4096),  # the temporal layer's
+        ("norm_gated", 11264, 4096),
+        ("residual", 4096, 11264),
+    ],
+)
+def test_seven_b_shapes_bf16(mode: str, n: int, k: int, rows: int) -> None:
+    _check(mode, rows, n, k, torch.bfloat16, None)
+
+
+@gpu
+@needs_cuda
+@pytest.mark.parametrize(
+    "tiles", [Tiles(32, 128, True), Tiles(4, 512, False)], ids=["dot", "cuda_cores"]
+)
+@pytest.mark.parametrize("mode", list(MODES))
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_compiled_modes_and_tiles(mode: str, dtype: torch.dtype, tiles: Tiles) -> None:
+    _check(mode, 3, 200, 1000, dtype, tiles)
