@@ -1,30 +1,50 @@
 #!/usr/bin/env bash
 # Everything the GPU machine checks and times for a submission, most important first, each step
-# bounded so that one command stays under the device's 10-minute limit:
+# bounded; two sections so that each stays under the device's 10-minute limit per command:
 #
-#   bench/h200.sh OUT
+#   bench/h200.sh OUT [capacity|step|all]     (default all)
 #
-# 1. real-clock capacity: 300 calls with fp8 KV rings aged to a full 2-minute context
-#    (`cadence bench engine --full-context`), zero misses or not;
-# 2. step time against Kyutai's reference in the same run, every ring full (bench/engine_gpu.py);
-# 3. the GPU tests (graph == eager tokens, kernels compiled, 7B conformance);
-# 4. where the tick goes: time and kernels per stage (bench/engine_stages.py);
-# 5. fp8 step time at 128 calls.
+# capacity: real-clock capacity with every call aged to a full 2-minute context (`cadence
+#   bench engine --full-context`): 300 calls with fp8 KV rings, 152 with bf16, and 1 call
+#   with the GPU's SM clock sampled every 100 ms alongside (nvidia-smi, clocks.csv);
+# step: the step back to back against Kyutai's reference in the same run, every ring full
+#   (bench/engine_gpu.py; the reference runs as moshi does by default, torch.compile on), fp8
+#   at 128 calls, the GPU tests (graph == eager tokens, kernels compiled, 7B conformance),
+#   where the tick goes kernel by kernel (bench/tick_kernels.py) and stage by stage
+#   (bench/engine_stages.py).
 # Run from the repository root with torch, triton and Kyutai's `moshi` importable. Results land
 # in OUT as JSON (machine, versions and command inside) and logs; copy the ones worth keeping to
 # bench/results/.
 set -uo pipefail
 out=${1:?output folder}
+section=${2:-all}
 mkdir -p "$out"
 export NO_TORCH_COMPILE=1 PYTHONUNBUFFERED=1
-timeout 200 python3 -m cadence bench engine --model moshi --random-weights --device cuda \
-    --executor graph --metrics-port 0 --log-level warning --full-context --kv-dtype fp8 \
-    --sweep 300 --seconds 40 --json "$out/bench_engine_fp8_300.json" 2>&1 | tail -25
-timeout 170 python3 bench/engine_gpu.py --slots 1,128 --steps 40 --full-rings --reference \
-    --json "$out/engine_gpu.json" 2>&1 | tail -6
-timeout 150 python3 -m pytest -q -m gpu tests/engine tests/kernels -p no:cacheprovider 2>&1 | tee "$out/gpu_tests.log" |
-    tail -15
-timeout 60 python3 bench/engine_stages.py --slots 1,128 --json "$out/engine_stages.json" 2>&1 |
-    tail -2
-timeout 60 python3 bench/engine_gpu.py --slots 128 --steps 40 --full-rings --kv-dtype fp8 \
-    --json "$out/engine_gpu_fp8.json" 2>&1 | tail -4
+engine=(python3 -m cadence bench engine --model moshi --random-weights --device cuda
+    --executor graph --metrics-port 0 --log-level warning --full-context)
+if [[ $section == capacity || $section == all ]]; then
+    timeout 200 "${engine[@]}" --kv-dtype fp8 --sweep 300 --seconds 40 \
+        --json "$out/bench_engine_fp8_300.json" 2>&1 | tail -4
+    timeout 200 "${engine[@]}" --kv-dtype bf16 --sweep 152 --seconds 60 \
+        --json "$out/bench_engine_bf16_152.json" 2>&1 | tail -4
+    nvidia-smi --query-gpu=timestamp,clocks.sm,clocks.mem,power.draw --format=csv -lms 100 \
+        >"$out/clocks.csv" &
+    sampler=$!
+    timeout 90 "${engine[@]}" --kv-dtype bf16 --slots 1 --seconds 20 \
+        --json "$out/bench_engine_bf16_1.json" 2>&1 | tail -4
+    kill "$sampler"
+fi
+if [[ $section == step || $section == all ]]; then
+    timeout 200 python3 bench/engine_gpu.py --slots 1,128 --steps 40 --full-rings --reference \
+        --json "$out/engine_gpu.json" 2>&1 | tail -5
+    timeout 60 python3 bench/engine_gpu.py --slots 128 --steps 40 --full-rings --kv-dtype fp8 \
+        --json "$out/engine_gpu_fp8_128.json" 2>&1 | tail -3
+    timeout 150 python3 -m pytest -q -m gpu tests/engine tests/kernels -p no:cacheprovider 2>&1 |
+        tee "$out/gpu_tests.log" | tail -5
+    timeout 90 python3 bench/tick_kernels.py --slots 1,128 --json "$out/tick_kernels.json" 2>&1 |
+        tail -1 | cut -c1-300
+    timeout 60 python3 bench/tick_kernels.py --slots 128 --kv-dtype fp8 \
+        --json "$out/tick_kernels_fp8_128.json" 2>&1 | tail -1 | cut -c1-300
+    timeout 60 python3 bench/engine_stages.py --slots 1,128 --json "$out/engine_stages.json" 2>&1 |
+        tail -2
+fi
