@@ -16,6 +16,7 @@ down). With this kernel a layer step is 5: [norm(+pending) + qkv], [attention],
     normed = total * (alpha * rsqrt(eps + mean(total^2)))   fp32, rounded to x's dtype
     y      = normed @ weight^T                    fp32 accumulation, rounded to x's dtype
     out    = y | residual + y | silu(y_gate) * y_up     rounded as torch's bf16 ops round
+             (one epilogue or none: the gate and the residual together are refused, below)
 
 Every rounding point is torch's (kernels/rms_norm.py, kernels/gated_silu.py and a bf16
 `residual + linear(...)`), so bf16 outputs differ from the torch ops only where the fp32
@@ -32,6 +33,37 @@ slot ~25 MB of weights are read by 5 launches of ~2-5 us instead of 8, so the st
 466 to ~320 kernels and from 1.94 to ~1.3 ms; at 8 slots about the same. On the temporal
 shapes (k 4096, n up to 22528) cuBLAS already streams at ~75% of HBM; this kernel should
 be within 10% of it, so it is not wired there unless it measures faster.
+
+Measured on one H200 (torch 2.11, Triton 3.6, bf16, random weights, CUDA graphs):
+- the depformer stage, `python bench/engine_stages.py --slots 1,2,4,8,128 --stages
+  temporal,depformer --per-op` (bench/results/engine_stages_fused_linear.json; before = the
+  per-op kernels, `few_rows` 0, same run): 1 slot 1.89 -> 1.18 ms, 2 slots 1.90 -> 1.41,
+  4 slots 1.91 -> 1.74, 466 -> 274 kernels; 8 and 128 slots keep the per-op kernels (1.80
+  and 2.15 ms, 466 kernels). 192 launches fewer, 4 per layer step, not 3: likely the
+  residual addmm that ends a per-op layer step, two kernels in the bench below
+  (`before_kernels`; each linear is one).
+- per GEMM at one row, `python bench/kernels_fused_linear.py --rows 1,2,4,8`
+  (bench/results/kernels_fused_linear.json; the 8-row part was cut by the run's limit), us
+  per call with the default tiles against cuBLAS and the per-op kernels: qkv (with the add and
+  the norm) 5.69 vs 7.05, out + residual 3.73 vs 9.88, norm + gate/up + SiLU 6.79 vs 10.48,
+  down + residual 5.70 vs 10.76, head 4.37 vs 5.69. The weights stream at only 13-36% of
+  HBM (4 MB at 5 us: still launch- and latency-bound), against 4-23% before.
+- tiles: at 1 to 4 rows two columns per program on the CUDA cores beat every tensor-core
+  tile (dot 16 x 256: 9.5 us for the one-row qkv); four columns were 0-20% faster still at 2
+  and 4 rows (the bench's `few_rows_best`: 1.69 vs 1.84 ms at 4 rows, depformer alone), not
+  taken yet: not timed at the stage. At 8 rows the broadcast product outgrows the registers
+  and the tensor cores win, but the stage is not faster than the per-op kernels (first run
+  of the bench, tensor-core tiles: 1.86 / 1.84 ms against 1.80), so Depformer.FEW_ROWS is 4.
+- the temporal layer (k 4096): not wired. At one row the fastest tile of the sweep against
+  cuBLAS and the per-op kernels, us per call: qkv + norm 39.3 vs 30.6, out + residual 13.7
+  vs 15.6, norm + gate/up + SiLU 60.2 vs 52.8, down + residual 31.1 vs 31.4 (62% of HBM,
+  as cuBLAS): 144 vs 130 us per layer, ~0.45 ms more over 32 layers. Wired with the first
+  default tiles (tensor cores 16 x 256) the stage went 4.63 -> 6.50 ms at one slot. (The
+  bench's first version, `--rows 1,8 --temporal`; it reported us per 20 calls: divided here.)
+- correctness on the GPU: tests/kernels/test_fused_linear.py's 7B shapes at 1, 8 and 16 rows
+  and every mode on both kinds of tile in fp32 and bf16 passed, but the gate with the
+  residual on the CUDA cores in bf16 (now refused). Not yet run on the GPU: the depformer's
+  token test with this path (tests/kernels/test_layer_kernels.py; it passes interpreted).
 """
 
 from dataclasses import dataclass
@@ -245,6 +277,9 @@ def _launch(
     assert weight.shape[1] == k, (tuple(weight.shape), k)
     assert weight.stride(1) == 1, f"weight rows must be unit-stride, strides {weight.stride()}"
     assert not gated or weight.shape[0] % 2 == 0, f"gated: {weight.shape[0]} rows must be even"
+    # the pair failed the compiled bf16 test on the CUDA cores (passed interpreted and on the
+    # tensor cores), cause not found; no layer needs it
+    assert not (gated and residual is not None), "the gate and the residual are not combined"
     assert weight.dtype == x.dtype, (weight.dtype, x.dtype)
     assert weight.device == x.device, "tensors on one device"
     out = torch.empty(*x.shape[:-1], n, device=x.device, dtype=x.dtype)

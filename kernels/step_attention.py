@@ -27,7 +27,10 @@ at 1 slot and 5.78 to 2.18 ms at 128 slots (in the same run with `fused` off: 4.
 not identified yet (the bench now records the most launched kernel names per stage; the run
 that made the JSON predates that). Likely a second launch inside one of the four GEMMs of a
 layer step (a split-K reduction): the count does not change with the slot count, and the
-torch path's 1497 is about as far above its own launch tally. On the same GPU the fused model passed
+torch path's 1497 is about as far above its own launch tally. Since then: with
+kernels/fused_linear.py (up to 4 slots) a layer step lost 4 launches, not the 3 planned, and
+the residual addmm is two kernels in bench/kernels_fused_linear.py (`before_kernels`), the
+linears one: likely that addmm. On the same GPU the fused model passed
 tests/engine/test_graph_executor.py (graph tokens = eager tokens) and the 7B bf16 logits test
 of tests/engine/models/moshi/test_gpu_7b.py; the fp32 7B token test was not run.
 """

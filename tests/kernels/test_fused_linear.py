@@ -35,7 +35,6 @@ MODES = {
     "residual": (False, False, True, False),
     "norm_gated": (True, False, False, True),
     "norm_pending_gated": (True, True, False, True),
-    "gated_residual": (False, False, True, True),
 }
 
 interpreter = pytest.mark.interpreter
@@ -137,6 +136,8 @@ def test_reads_a_column_slice_and_refuses_bad_layouts() -> None:
         fused_linear(wide[..., ::4], weight)
     with pytest.raises(AssertionError, match="rows"):
         fused_linear(_randn(MAX_ROWS + 1, 32, dtype=torch.float32, seed=10), weight)
+    with pytest.raises(AssertionError, match="not combined"):
+        fused_linear(x, weight, residual=_randn(2, 1, 8, dtype=torch.float32, seed=11), gated=True)
 
 
 @gpu
