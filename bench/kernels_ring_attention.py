@@ -63,16 +63,14 @@ SWEEP = [
     (32, 4, 3, 4),  # the best at 128 slots in the last H200 run (708 us/layer)
     (16, 1, 3, 4),  # the best at 1 and 32 slots
 ]
-# fp8 rings carry half the bytes per entry: the same tile bytes at twice the entries.
-# results/kernels_ring_attention_fp8.json also timed value scales taken relative to each
-# tile's largest (a reduction per tile; the names without "_rowref"): 691 against 602 us per
-# layer at 128 slots, so the kernel now takes them relative to the row's largest.
+# fp8 rings: _ring_split_fp8_kernel's programs. results/kernels_ring_attention_fp8_loop.json
+# also timed, us per layer at 128 / 300 slots: the previous fp8 pass 1 (64 x 4 x 3) 607 / 1421;
+# 64 x 4 x 4 437 / 986, 128 x 8 x 3 510 / 1168, 256 x 8 x 2 573 / 1303.
 FP8_SWEEP = [
-    (64, 4, 3, 4),  # the best at 128 and 300 slots (602 and 1350 us/layer)
-    (64, 4, 4, 4),
-    (64, 2, 4, 4),
+    (128, 4, 2, 4),  # the best at 128 and 300 slots (393 and 888 us/layer)
     (128, 4, 3, 4),
-    (32, 1, 4, 4),
+    (256, 4, 2, 4),
+    (64, 4, 3, 4),
 ]
 FP8_TOLERANCE = 1e-2  # relative error against the fp32 reference of the dequantized rings
 Config = tuple[int, int, int, int]

@@ -21,12 +21,17 @@ them once at full bandwidth:
 - pass 2, grid (slots * heads,): rescales the partials to the common max and normalises.
   Two launches and no atomics: the result does not depend on the order programs finish in.
 
-fp8 e4m3 rings (attention.py's quantize_kv: a bf16 scale per entry) are read as fp16: an
-e4m3 pair widens to fp16 in one instruction (to bf16 it takes several), q is divided by its
-largest magnitude and rounded to fp16, the key scales multiply the scores after the QK dot,
-and the value scales weigh the softmax weights relative to the largest value scale among the
-program's valid entries (found once, before the loop), which multiplies the accumulator at the
-end: no tile is converted to the query's dtype, and no reduction is added to the loop.
+fp8 e4m3 rings (attention.py's quantize_kv: a bf16 scale per entry) have their own pass 1,
+_ring_split_fp8_kernel. The scores are K q^T with the ring entries as the product's rows: the
+e4m3 key tile goes from shared memory into the tensor cores as it is (no conversion, no trip
+through registers), against q split into three e4m3 columns (q ~ hi + mid + lo, ~2^-12 of
+each element). The values are weighed on the CUDA cores in packed fp16: e4m3 widens to fp16 two
+at a time, and each thread sums its own rows of the tile (fused multiply-adds) before one fp32
+add per tile, so no reduction crosses threads inside the loop: the tile's rows fall into
+`groups` softmax groups (a thread's rows are one group's), each with its own running max, sum
+and accumulator, merged after the loop. Key scales multiply the scores; value scales weigh the
+fp16 weights relative to the largest valid value scale of the program (found before the loop),
+which multiplies the result.
 
 Measured on one H200 (bench/kernels_ring_attention.py; 32 heads x 128, 1500-frame rings, every
 entry valid, per layer). bf16 rings (bench/results/kernels_ring_attention_full_rings.json):
@@ -34,15 +39,23 @@ entry valid, per layer). bf16 rings (bench/results/kernels_ring_attention_full_r
 level with SDPA's 720 us and with a plain 4 GiB read (4.39 TB/s); 46 us at 128 slots with 51
 valid frames per ring (SDPA reads the whole ring whatever it holds); the best program is block
 32 x 4 warps, 3 stages at 128 slots, block 16 x 1 warp at 1 and 32 slots (16 x 2 at 8).
-fp8 rings (bench/results/kernels_ring_attention_fp8.json, same run as bf16 694 / 1610 us):
-13.9 us at 1 slot, 602 us at 128 slots (0.87x bf16, 2.65 TB/s of entries and scales), 1350 us
-at 300 slots (0.84x, 2.77 TB/s), block 64 x 4 warps, 3 stages; 1.0e-3 relative error against
-the fp32 reference of the dequantized rings, 3.7e-2 against the unquantized random rings.
-Half the bytes did not buy half the time: fp8 runs at ~60% of the read ceiling, so the loop,
-not the memory, bounds it. Value scales taken relative to each tile's largest (a reduction per
-tile) took 691 us at 128 slots; converting tiles to bf16 before the dots took 752 (earlier run).
-The validity test in the scan for the largest value scale was added after that run (integer
-work before the loop only; untimed).
+fp8 rings (`python bench/kernels_ring_attention.py --slots 128,300 --step-slots ""`,
+bench/results/kernels_ring_attention_fp8_loop.json; bf16 708 / 1644 us in the same run):
+393 us at 128 slots = 4.07 TB/s of entries and scales (0.55x bf16; the previous fp8 kernel,
+which repeated q over 16 rows and widened both tiles to fp16 for the dots, 607 us = 2.63 TB/s
+in the same run), 888 us at 300 slots = 4.22 TB/s (previous 1421); 68 us at 128 slots with 51
+valid frames; 1.4e-3 relative error against the fp32 reference of the dequantized rings
+(previous 1.0e-3), 3.7e-2 against the unquantized random rings (unchanged). Program: block 128
+x 4 warps, 2 stages (103 registers). Others in that run, us at 128 / 300 slots: 128 x 4 x 3
+stages 413 / 923, 256 x 4 x 2 402 / 899, 64 x 4 x 3 423 / 932, 64 x 4 x 4 437 / 986, 128 x 8
+x 3 510 / 1168, 256 x 8 x 2 573 / 1303 (eight warps: one CTA per SM at 256). The previous
+kernel's loop issued 800 instructions per 64-entry tile (Triton 3.6's sm_90 SASS: byte loads
+of the value tile from shared memory, index arithmetic, conversions): it was issue-bound at
+~60% of the read ceiling; this one issues 528 per 128 entries. A first form that loaded the
+value tile as a 3-d [rounds, groups, head_dim] tensor got its rows laid across threads by
+Triton 3.6 (302 shuffles per tile, spills at 128): 858-5023 us at 128 slots
+(bench/results/kernels_ring_attention_fp8_loop_first.json); loading it as the key tile's 2-d
+tile and reshaping keeps a thread's rows in its registers.
 
 The launcher asserts shapes, dtypes, strides and devices, allocates only buffers whose size is
 fixed by the shapes, and never reads device values on the host: it can be captured in a CUDA
@@ -57,7 +70,7 @@ import triton  # type: ignore[import-not-found,import-untyped,unused-ignore]
 import triton.language as tl  # type: ignore[import-not-found,import-untyped,unused-ignore]
 from torch import Tensor
 
-from engine.models.moshi.attention import KV_FP8, KV_SCALE_DTYPE
+from engine.models.moshi.attention import FP8_MAX, KV_FP8, KV_SCALE_DTYPE
 
 # the pass-1 program; module-level and read at each launch, so the bench can sweep them
 BLOCK_N = 32  # ring entries per tile: a 32 x 128 bf16 tile of K is 8 KiB
@@ -65,12 +78,13 @@ PROGRAMS_PER_SM = 4  # pass-1 programs wanted per multiprocessor before splittin
 NUM_WARPS = 4
 NUM_STAGES = 3  # K/V tiles in the software pipeline (cp.async); Triton's default on Hopper
 # the pass-1 program for fp8 rings (half the bytes per entry), read at each launch likewise
-FP8_BLOCK_N = 64
+FP8_BLOCK_N = 128
 FP8_NUM_WARPS = 4
-FP8_NUM_STAGES = 3
+FP8_NUM_STAGES = 2
 # a running max below any real score but finite, so an all-masked tile gives exp2(0) = 1 for
 # the rescale and exp2(-inf) = 0 for the masked scores, never inf - inf
 EMPTY_MAX = -1.0e30
+_FP8_MAX = tl.constexpr(FP8_MAX)
 
 
 def ring_positions(last: Tensor, capacity: int) -> Tensor:
@@ -97,8 +111,6 @@ def _ring_split_kernel(  # type: ignore[no-untyped-def,unused-ignore]
     q_ptr,
     k_ptr,
     v_ptr,
-    k_scale_ptr,
-    v_scale_ptr,
     last_ptr,
     max_ptr,
     sum_ptr,
@@ -115,10 +127,10 @@ def _ring_split_kernel(  # type: ignore[no-untyped-def,unused-ignore]
     block_n: tl.constexpr,
     empty: tl.constexpr,
     precision: tl.constexpr,
-    scaled: tl.constexpr,
 ):
-    """Pass 1: the query is repeated over the 16 rows a tensor-core dot needs, so the tile
-    reductions are matrix products fed straight from the (pipelined) K/V loads."""
+    """Pass 1 over rings in q's dtype: the query is repeated over the 16 rows a tensor-core dot
+    needs, so the tile reductions are matrix products fed straight from the (pipelined) K/V
+    loads."""
     row = tl.program_id(0)  # slot * heads + head
     split = tl.program_id(1)
     slot = row // heads
@@ -127,12 +139,6 @@ def _ring_split_kernel(  # type: ignore[no-untyped-def,unused-ignore]
     dims = tl.arange(0, head_dim)
     lanes = tl.arange(0, 16)  # the repeated query rows; row 0 is stored
     q = tl.load(q_ptr + slot * stride_q_slot + head * stride_q_head + dims)
-    if scaled:
-        # fp8 entries widen to fp16 in one instruction per pair (bf16 takes several), so the
-        # dots run in fp16: q is divided by its largest magnitude to stay in fp16's range
-        q_amax = tl.maximum(tl.max(tl.abs(q.to(tl.float32)), axis=0), 1e-30)
-        q = (q.to(tl.float32) / q_amax).to(tl.float16)
-        qk_scale_log2 = qk_scale_log2 * q_amax
     q_rows = tl.broadcast_to(q[None, :], (16, head_dim))
     ring = row.to(tl.int64) * capacity
     # Entry j is (final - j) mod capacity frames older than the query, and attended when that
@@ -150,56 +156,145 @@ def _ring_split_kernel(  # type: ignore[no-untyped-def,unused-ignore]
     run_max = tl.full((16,), empty, tl.float32)
     run_sum = tl.zeros((16,), tl.float32)
     acc = tl.zeros((16, head_dim), tl.float32)
-    value_ref = 1.0
-    if scaled:
-        # the largest value scale among this program's valid entries, found once before the
-        # loop: each value's weight is taken relative to it (so the fp16 weights stay in
-        # [0, 1] whatever the values' range) and the accumulator multiplied by it at the end
-        chunk = tl.arange(0, 1024)
-        largest = tl.zeros((1024,), tl.float32)
-        for begin in range(lo, hi, 1024):
-            index = begin + chunk
-            age = final - index
-            age = tl.where(age < 0, age + capacity, age)
-            inside = (index < hi) & (age <= oldest)
-            scale = tl.load(v_scale_ptr + ring + index, mask=inside, other=0.0)
-            largest = tl.maximum(largest, scale.to(tl.float32))
-        value_ref = tl.maximum(tl.max(largest, axis=0), 1e-30)
     for start in range(lo, hi, block_n):
         index = start + tl.arange(0, block_n)
         age = final - index
         age = tl.where(age < 0, age + capacity, age)
         valid = (index < hi) & (age <= oldest)
-        entries = ring + index.to(tl.int64)
-        offsets = entries[:, None] * head_dim + dims[None, :]
-        k = tl.load(k_ptr + offsets, mask=valid[:, None], other=0.0).to(q.dtype)
+        offsets = (ring + index.to(tl.int64))[:, None] * head_dim + dims[None, :]
+        k = tl.load(k_ptr + offsets, mask=valid[:, None], other=0.0)
         scores = tl.dot(q_rows, tl.trans(k), input_precision=precision) * qk_scale_log2
-        if scaled:  # the key's scale multiplies its score, after the dot
-            key_scale = tl.load(k_scale_ptr + entries, mask=valid, other=0.0).to(tl.float32)
-            scores = scores * key_scale[None, :]
         scores = tl.where(valid[None, :], scores, float("-inf"))  # [16, block_n], log2 units
         new_max = tl.maximum(run_max, tl.max(scores, axis=1))
         rescale = tl.exp2(run_max - new_max)
         weights = tl.exp2(scores - new_max[:, None])
         run_sum = run_sum * rescale + tl.sum(weights, axis=1)
-        v = tl.load(v_ptr + offsets, mask=valid[:, None], other=0.0).to(q.dtype)
-        if scaled:
-            # a value's scale weighs its row of the PV product, relative to value_ref
-            value_scale = tl.load(v_scale_ptr + entries, mask=valid, other=0.0).to(tl.float32)
-            weights = weights * (value_scale / value_ref)[None, :]
-            update = tl.dot(weights.to(q.dtype), v)
-        else:
-            update = tl.dot(weights.to(q.dtype), v, input_precision=precision)
+        v = tl.load(v_ptr + offsets, mask=valid[:, None], other=0.0)
+        update = tl.dot(weights.to(q.dtype), v, input_precision=precision)
         acc = acc * rescale[:, None] + update
         run_max = new_max
-    if scaled:
-        acc = acc * value_ref
     partial = row * splits + split
     first_lane = lanes == 0
     tl.store(max_ptr + partial + 0 * lanes, run_max, mask=first_lane)
     tl.store(sum_ptr + partial + 0 * lanes, run_sum, mask=first_lane)
     acc_offsets = partial.to(tl.int64) * head_dim + 0 * lanes[:, None] + dims[None, :]
     tl.store(acc_ptr + acc_offsets, acc, mask=first_lane[:, None])
+
+
+@triton.jit  # type: ignore[untyped-decorator,unused-ignore]
+def _ring_split_fp8_kernel(  # type: ignore[no-untyped-def,unused-ignore]
+    q_ptr,
+    k_ptr,
+    v_ptr,
+    k_scale_ptr,
+    v_scale_ptr,
+    last_ptr,
+    max_ptr,
+    sum_ptr,
+    acc_ptr,
+    stride_q_slot,
+    stride_q_head,
+    heads,
+    capacity,
+    context,
+    split_frames,
+    splits,
+    qk_scale_log2,
+    head_dim: tl.constexpr,
+    block_n: tl.constexpr,
+    groups: tl.constexpr,
+    empty: tl.constexpr,
+):
+    """Pass 1 over fp8 rings: the ring entries are the rows of the score product (K q^T, the
+    tile straight from shared memory as an e4m3 operand, no conversion), and the value tile is
+    weighed on the CUDA cores in packed fp16, each thread summing its own rows of the tile.
+
+    q enters the product as three e4m3 columns, q ~ hi + mid + lo (each the e4m3 rounding of
+    what the previous ones leave), so the scores carry q to ~2^-12 of each element's
+    magnitude. The tile's rows are `rounds` x `groups`: row r * groups + g belongs to softmax
+    group g, and a thread holds all `rounds` rows of its group for 16 bytes of head_dim, so
+    the value rows are summed in registers and each group keeps its own running max, sum and
+    accumulator; the groups are merged once, after the loop."""
+    rounds: tl.constexpr = block_n // groups
+    row = tl.program_id(0)  # slot * heads + head
+    split = tl.program_id(1)
+    slot = row // heads
+    head = row % heads
+    last = tl.load(last_ptr + slot)
+    dims = tl.arange(0, head_dim)
+    q = tl.load(q_ptr + slot * stride_q_slot + head * stride_q_head + dims).to(tl.float32)
+    q_amax = tl.maximum(tl.max(tl.abs(q), axis=0), 1e-30)
+    q = tl.clamp(q * (_FP8_MAX / q_amax), -_FP8_MAX, _FP8_MAX)
+    qk_scale_log2 = qk_scale_log2 * (q_amax / _FP8_MAX)
+    q_hi = q.to(tl.float8e4nv).to(tl.float32)
+    q_mid = (q - q_hi).to(tl.float8e4nv).to(tl.float32)
+    q_lo = (q - q_hi - q_mid).to(tl.float8e4nv).to(tl.float32)
+    column = tl.arange(0, 16)[None, :]  # the product's N: 16, the smallest it takes
+    q_cols = tl.where(column == 0, q_hi[:, None], 0.0)
+    q_cols = tl.where(column == 1, q_mid[:, None], q_cols)
+    q_cols = tl.where(column == 2, q_lo[:, None], q_cols).to(tl.float8e4nv)  # [head_dim, 16]
+    if head_dim < 32:  # an e4m3 product needs K >= 32; fp16 holds every e4m3 value exactly
+        q_cols = q_cols.to(tl.float16)
+    ring = row.to(tl.int64) * capacity
+    # the valid entries of [lo, hi) (see _ring_split_kernel): all of them when the run does
+    # not wrap, else all but the gap (final, gap_end) of entries older than the context
+    final = (last % capacity).to(tl.int32)
+    oldest = tl.minimum(last, context - 1).to(tl.int32)
+    lo = split * split_frames
+    hi = tl.minimum(lo + split_frames, capacity)
+    unwrapped = oldest <= final
+    lo = tl.where(unwrapped, tl.maximum(lo, final - oldest), lo)
+    hi = tl.where(unwrapped, tl.minimum(hi, final + 1), hi)
+    gap_end = tl.where(unwrapped, final + 1, final + capacity - oldest)
+    # the largest value scale among the valid entries, found once: each value's weight is
+    # taken relative to it, so the fp16 weights stay in [0, 1] and their products with the
+    # values within [0, 448] whatever the values' range; it multiplies the result at the end
+    chunk = tl.arange(0, 1024)
+    largest = tl.zeros((1024,), tl.float32)
+    for begin in range(lo, hi, 1024):
+        index = begin + chunk
+        inside = (index < hi) & ((index <= final) | (index >= gap_end))
+        scale = tl.load(v_scale_ptr + ring + index, mask=inside, other=0.0)
+        largest = tl.maximum(largest, scale.to(tl.float32))
+    value_ref = tl.maximum(tl.max(largest, axis=0), 1e-30)
+    run_max = tl.full((groups,), empty, tl.float32)
+    run_sum = tl.zeros((groups,), tl.float32)
+    acc = tl.zeros((groups, head_dim), tl.float32)
+    for start in range(lo, hi, block_n):
+        index = start + tl.arange(0, block_n)
+        valid = (index < hi) & ((index <= final) | (index >= gap_end))
+        entries = ring + index.to(tl.int64)
+        offsets = entries[:, None] * head_dim + dims[None, :]
+        k = tl.load(k_ptr + offsets, mask=valid[:, None])  # masked rows: scores set to -inf
+        # the load's layout puts a pass of the program over `groups` rows and the passes in
+        # registers: split the tile's rows as (pass, group), so a thread's rows are one group's
+        v = tl.load(v_ptr + offsets, mask=valid[:, None], other=0.0)
+        v = tl.reshape(v, (rounds, groups, head_dim))
+        valid_rows = tl.reshape(valid, (rounds, groups))
+        entries_rows = tl.reshape(entries, (rounds, groups))
+        if head_dim < 32:
+            k = k.to(tl.float16)
+        scores = tl.reshape(tl.sum(tl.dot(k, q_cols), axis=1), (rounds, groups))
+        key_scale = tl.load(k_scale_ptr + entries_rows, mask=valid_rows, other=0.0)
+        scores = scores * (key_scale.to(tl.float32) * qk_scale_log2)
+        scores = tl.where(valid_rows, scores, float("-inf"))
+        new_max = tl.maximum(run_max, tl.max(scores, axis=0))
+        rescale = tl.exp2(run_max - new_max)
+        weights = tl.exp2(scores - new_max[None, :])
+        run_sum = run_sum * rescale + tl.sum(weights, axis=0)
+        run_max = new_max
+        value_scale = tl.load(v_scale_ptr + entries_rows, mask=valid_rows, other=0.0)
+        weights = (weights * (value_scale.to(tl.float32) / value_ref)).to(tl.float16)
+        # at most rounds x 448 in fp16: each thread's rows, summed in registers
+        update = tl.sum(weights[:, :, None] * v.to(tl.float16), axis=0)
+        acc = acc * rescale[:, None] + update.to(tl.float32)
+    top = tl.max(run_max, axis=0)
+    weight = tl.exp2(run_max - top)  # groups with no valid entry: empty, weight 0 (or 1, sum 0)
+    partial = row * splits + split
+    tl.store(max_ptr + partial, top)
+    tl.store(sum_ptr + partial, tl.sum(run_sum * weight, axis=0))
+    out = tl.sum(acc * weight[:, None], axis=0) * value_ref
+    tl.store(acc_ptr + partial.to(tl.int64) * head_dim + dims, out)
 
 
 @triton.jit  # type: ignore[untyped-decorator,unused-ignore]
@@ -302,34 +397,61 @@ def ring_attention(
     part_sum = torch.empty(rows * splits, device=q.device, dtype=torch.float32)
     part_acc = torch.empty(rows * splits, head_dim, device=q.device, dtype=torch.float32)
     out = torch.empty(slots, heads, head_dim, device=q.device, dtype=q.dtype)
-    key_scale, value_scale = scales if scales is not None else (part_max, part_max)
-    _ring_split_kernel[(rows, splits)](
-        q,
-        keys,
-        values,
-        key_scale,
-        value_scale,
-        last,
-        part_max,
-        part_sum,
-        part_acc,
-        q.stride(0),
-        q.stride(1),
-        heads,
-        capacity,
-        context,
-        split_frames,
-        splits,
-        math.log2(math.e) / math.sqrt(head_dim),
-        head_dim=head_dim,
-        block_n=block_n,
-        empty=EMPTY_MAX,
-        # fp32 rings (tests, fp32 models) must not drop to tf32 in the dot
-        precision="ieee" if q.dtype == torch.float32 and scales is None else None,
-        scaled=scales is not None,
-        num_warps=num_warps,
-        num_stages=num_stages,
-    )
+    qk_scale_log2 = math.log2(math.e) / math.sqrt(head_dim)
+    if scales is None:
+        _ring_split_kernel[(rows, splits)](
+            q,
+            keys,
+            values,
+            last,
+            part_max,
+            part_sum,
+            part_acc,
+            q.stride(0),
+            q.stride(1),
+            heads,
+            capacity,
+            context,
+            split_frames,
+            splits,
+            qk_scale_log2,
+            head_dim=head_dim,
+            block_n=block_n,
+            empty=EMPTY_MAX,
+            # fp32 rings (tests, fp32 models) must not drop to tf32 in the dot
+            precision="ieee" if q.dtype == torch.float32 else None,
+            num_warps=num_warps,
+            num_stages=num_stages,
+        )
+    else:
+        # a thread loads 16 bytes of an entry: one pass of the program over the tile covers
+        # num_warps * 32 * 16 / head_dim entries, the softmax groups
+        groups = min(block_n, num_warps * 32 * 16 // head_dim)
+        _ring_split_fp8_kernel[(rows, splits)](
+            q,
+            keys,
+            values,
+            scales[0],
+            scales[1],
+            last,
+            part_max,
+            part_sum,
+            part_acc,
+            q.stride(0),
+            q.stride(1),
+            heads,
+            capacity,
+            context,
+            split_frames,
+            splits,
+            qk_scale_log2,
+            head_dim=head_dim,
+            block_n=block_n,
+            groups=groups,
+            empty=EMPTY_MAX,
+            num_warps=num_warps,
+            num_stages=num_stages,
+        )
     _ring_combine_kernel[(rows,)](
         part_max,
         part_sum,

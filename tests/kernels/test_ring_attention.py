@@ -20,7 +20,8 @@ from kernels.ring_attention import ring_attention, ring_attention_reference, rin
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 # Triton 3.6's interpreter gets bf16 tl.dot wrong (seen: errors of 1e10 on a 16 x 16 bf16
 # product; with 3.9 too), so the kernel's bf16 path is checked on a GPU only: it carries the gpu
-# mark, the only one allowed to skip in CI. The fp8 path's dots are fp16, which it gets right.
+# mark, the only one allowed to skip in CI. The fp8 path's products are e4m3 (fp16 below a
+# head_dim of 32) and packed fp16, which it gets right.
 INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
 needs_16bit_dot = [
     pytest.mark.gpu,
@@ -109,19 +110,21 @@ def test_query_through_a_strided_view() -> None:
 
 
 @pytest.mark.parametrize(
-    ("capacity", "context", "dtype"),
+    ("capacity", "context", "head_dim", "dtype"),
     [
-        (200, 200, torch.bfloat16),
-        (300, 250, torch.bfloat16),
-        (130, 130, torch.float32),  # fp32 models (tests, CPU)
+        (200, 200, 64, torch.bfloat16),
+        (300, 250, 128, torch.bfloat16),  # 7B heads: 16 softmax groups of 8 rows a tile
+        (130, 130, 64, torch.float32),  # fp32 models (tests, CPU)
+        (70, 60, 16, torch.float32),  # the tiny config's heads: an fp16 score product
     ],
 )
 def test_fp8_ring_matches_reference_on_dequantized_entries(
-    capacity: int, context: int, dtype: torch.dtype
+    capacity: int, context: int, head_dim: int, dtype: torch.dtype
 ) -> None:
-    """fp8 e4m3 rings with per-entry bf16 scales: exact to the dequantized ring up to the fp16
-    dots' rounding, and within a few 1e-2 of the unquantized one (the fidelity fp8 costs)."""
-    q, keys, values = _inputs(8, 2, capacity, 64, dtype, seed=11)
+    """fp8 e4m3 rings with per-entry bf16 scales: exact to the dequantized ring up to q's
+    three-term split and the fp16 value products' rounding, and within a few 1e-2 of the
+    unquantized one (the fidelity fp8 costs)."""
+    q, keys, values = _inputs(8, 2, capacity, head_dim, dtype, seed=11)
     keys8, key_scale = quantize_kv(keys)
     values8, value_scale = quantize_kv(values)
     value_scale[:, 1] *= 1e-4  # a head of tiny values: the scale, not fp16, carries the range
