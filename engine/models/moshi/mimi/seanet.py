@@ -13,7 +13,8 @@ decoder = conv, per ratio (ELU, transposed conv, residual blocks), ELU, conv.
 
 `channels_last` (the codec's default on CUDA) keeps every activation, state buffer and weight
 time-major in memory ([slots, T, channels] under the [slots, channels, T] shape), and runs
-each convolution as a 2-d one over [slots, channels, 1, T] in channels-last format: cuDNN's
+each convolution (transposed ones excepted, see StreamingConvTranspose1d) as a 2-d one over
+[slots, channels, 1, T] in channels-last format: cuDNN's
 TF32 kernels on Hopper are channels-last, so the default layout cost two layout conversions
 per convolution (nchwToNhwc/nhwcToNchw: 47 kernels and 0.17 ms of an 8.9 ms tick at 1 call,
 53 and 0.62 ms at 128 calls, bench/results/tick_kernels_no_tf32.json). Shapes, checkpoint
@@ -150,24 +151,24 @@ class StreamingConvTranspose1d(Streaming):
         self.convtr = nn.ConvTranspose1d(
             in_channels, out_channels, kernel, stride, groups=groups, bias=bias, device=device
         )
+        # Transposed convolutions run time-last whatever the stack's layout: in channels-last
+        # form cuDNN served Mimi's channel-wise upsample (568 us of a 2.8 ms decode at 128
+        # calls, bench/results/mimi_gpu_channels_last_first.json) and then one of the four
+        # decoder upsamplers (566 us at 128 calls, bench/results/tick_kernels.json) with a
+        # slow dgrad kernel, against ~140 us for the decoder's three others and ~50 us for
+        # a converted time-last one. `channels_last` converts the output once.
         self.channels_last = channels_last
-        # cuDNN's channels-last kernel for a grouped transposed convolution (Mimi's
-        # channel-wise upsample) took 568 us of a 2.8 ms decode at 128 calls
-        # (bench/results/mimi_gpu_channels_last_first.json): a grouped one runs time-last
-        self.kernel_channels_last = channels_last and groups == 1
-        partial = torch.zeros(slots, out_channels, kernel - stride, device=device)
-        if self.kernel_channels_last:
-            self.convtr.weight.data = time_major(self.convtr.weight.data)
-            partial = time_major(partial)
         self.partial: Tensor
-        self.register_buffer("partial", partial, False)
+        self.register_buffer(
+            "partial", torch.zeros(slots, out_channels, kernel - stride, device=device), False
+        )
 
     def reset(self, mask: Tensor) -> None:
         self.partial.masked_fill_(mask[:, None, None], 0.0)
 
     def forward(self, x: Tensor) -> Tensor:
         """x: [slots, in_channels, T] -> [slots, out_channels, T * stride]."""
-        y = self._convolve(x)
+        y: Tensor = self.convtr(x.contiguous())  # no copy for a time-last input
         owed = self.partial.shape[2]
         y[..., :owed] += self.partial
         tail = y[..., -owed:]
@@ -175,20 +176,8 @@ class StreamingConvTranspose1d(Streaming):
             # the bias is added once, by the frame the samples are emitted in
             tail = tail - self.convtr.bias[:, None]
         self.partial.copy_(tail)
-        return y[..., :-owed]
-
-    def _convolve(self, x: Tensor) -> Tensor:
-        if not self.kernel_channels_last:
-            out: Tensor = self.convtr(x.contiguous())  # no copy for a time-last input
-            return time_major_4d(out[:, :, None]) if self.channels_last else out
-        convtr = self.convtr
-        return functional.conv_transpose2d(
-            x[:, :, None],
-            convtr.weight[:, :, None],
-            convtr.bias,
-            (1, convtr.stride[0]),
-            groups=convtr.groups,
-        )[:, :, 0]
+        out = y[..., :-owed]
+        return time_major_4d(out[:, :, None]) if self.channels_last else out
 
 
 class ResnetBlock(nn.Module):
