@@ -40,6 +40,7 @@ from torch import Tensor, nn
 from engine.models.moshi.config import MimiConfig
 from engine.models.moshi.mimi.quantizer import SplitQuantizer
 from engine.models.moshi.mimi.seanet import (
+    StatePool,
     StreamingConv1d,
     StreamingConvTranspose1d,
     seanet_decoder,
@@ -124,20 +125,22 @@ class MimiCodec(nn.Module):
             config.codebooks, config.bins, config.quantizer_dim, dim, device, fused
         )
         # the modules with per-slot state, walked once here rather than on every step
-        self._encoder_state = streaming_parts(
-            self.encoder, self.encoder_transformer, self.downsample
+        self._encoder_state = StatePool(
+            streaming_parts(self.encoder, self.encoder_transformer, self.downsample),
+            slots,
+            device,
         )
-        self._decoder_state = streaming_parts(self.upsample, self.decoder_transformer, self.decoder)
+        self._decoder_state = StatePool(
+            streaming_parts(self.upsample, self.decoder_transformer, self.decoder), slots, device
+        )
 
     def reset_encoder(self, mask: Tensor) -> None:
         """mask: bool [slots]; those slots' encoder state starts over."""
-        for part in self._encoder_state:
-            part.reset(mask)
+        self._encoder_state.reset(mask)
 
     def reset_decoder(self, mask: Tensor) -> None:
         """mask: bool [slots]; those slots' decoder state starts over."""
-        for part in self._decoder_state:
-            part.reset(mask)
+        self._decoder_state.reset(mask)
 
     def encode(self, pcm: Tensor) -> Tensor:
         latent = self.encoder_transformer(self.encoder(pcm[:, None, :]))

@@ -45,6 +45,38 @@ def time_major_4d(x: Tensor) -> Tensor:
     return x.contiguous(memory_format=torch.channels_last)[:, :, 0]
 
 
+class StatePool:
+    """The states of a codec direction's convolutions as views of one fp32 [slots, size]
+    buffer, so that resetting them is one masked fill, not one launch per convolution (~20
+    per direction); the other streaming parts (transformers, the replicating convolution's
+    first-frame flag) reset themselves. Built once the modules are on their device: moving a
+    module afterwards would give its state a buffer of its own again."""
+
+    def __init__(self, parts: tuple[Streaming, ...], slots: int, device: torch.device) -> None:
+        convolutions = [
+            part
+            for part in parts
+            if isinstance(part, StreamingConv1d | StreamingConvTranspose1d)
+            and not (isinstance(part, StreamingConv1d) and part.replicate)
+        ]
+        sizes = [
+            (part.previous if isinstance(part, StreamingConv1d) else part.partial)[0].numel()
+            for part in convolutions
+        ]
+        self.buffer = torch.zeros(slots, sum(sizes), device=device)
+        offset = 0
+        for part, size in zip(convolutions, sizes, strict=True):
+            part.adopt_state(self.buffer[:, offset : offset + size])
+            offset += size
+        self.others = tuple(part for part in parts if part not in convolutions)
+
+    def reset(self, mask: Tensor) -> None:
+        """mask: bool [slots]; those slots' states start over."""
+        self.buffer.masked_fill_(mask[:, None], 0.0)
+        for part in self.others:
+            part.reset(mask)
+
+
 def streaming_parts(*modules: nn.Module) -> tuple[Streaming, ...]:
     """Every streaming submodule of `modules`, in order: found once, then reset per step."""
     return tuple(
@@ -90,15 +122,25 @@ class StreamingConv1d(Streaming):
             self.conv.weight.data = time_major(self.conv.weight.data)
             previous = time_major(previous)
         self.previous: Tensor
-        self.first: Tensor
         self.register_buffer("previous", previous, False)
-        self.register_buffer(
-            "first", torch.ones(slots, 1, 1, device=device, dtype=torch.bool), False
-        )
+        if replicate:
+            self.first: Tensor
+            self.register_buffer(
+                "first", torch.ones(slots, 1, 1, device=device, dtype=torch.bool), False
+            )
 
     def reset(self, mask: Tensor) -> None:
         self.previous.masked_fill_(mask[:, None, None], 0.0)
-        self.first.masked_fill_(mask[:, None, None], True)
+        if self.replicate:
+            self.first.masked_fill_(mask[:, None, None], True)
+
+    def adopt_state(self, pooled: Tensor) -> None:
+        """Keep `previous` in pooled ([slots, its size], see StatePool), same layout."""
+        slots, channels, history = self.previous.shape
+        if self.channels_last:
+            self.previous = pooled.view(slots, history, channels).transpose(1, 2)
+        else:
+            self.previous = pooled.view(slots, channels, history)
 
     def forward(self, x: Tensor) -> Tensor:
         """x: [slots, in_channels, T], T a multiple of the stride -> [slots, out, T / stride]."""
@@ -165,6 +207,10 @@ class StreamingConvTranspose1d(Streaming):
 
     def reset(self, mask: Tensor) -> None:
         self.partial.masked_fill_(mask[:, None, None], 0.0)
+
+    def adopt_state(self, pooled: Tensor) -> None:
+        """Keep `partial` in pooled ([slots, its size], see StatePool)."""
+        self.partial = pooled.view(self.partial.shape)
 
     def forward(self, x: Tensor) -> Tensor:
         """x: [slots, in_channels, T] -> [slots, out_channels, T * stride]."""

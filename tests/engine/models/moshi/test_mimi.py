@@ -13,6 +13,7 @@ from engine.models.moshi.checkpoint import load_into, mimi_sources, mimi_unused
 from engine.models.moshi.config import tiny
 from engine.models.moshi.mimi.codec import MimiCodec
 from engine.models.moshi.mimi.seanet import StreamingConv1d, StreamingConvTranspose1d
+from engine.models.moshi.model import randomize
 from tests.engine.models.moshi import kyutai
 
 FRAME = 1920
@@ -96,3 +97,26 @@ def test_channels_last_codec_keeps_every_convolution_time_major() -> None:
         codec.decode(codes)
     assert "StreamingConv1d" in seen
     assert "StreamingConvTranspose1d" in seen
+
+
+@pytest.mark.parametrize("channels_last", [False, True], ids=["time-last", "channels-last"])
+def test_reset_clears_one_slots_pooled_convolution_states(channels_last: bool) -> None:
+    """The convolution states live in one pool per direction (seanet.StatePool): a reset of
+    slot 0 zeroes every one of its states and leaves slot 1's as they were."""
+    codec = MimiCodec(tiny().mimi, 2, torch.device("cpu"), channels_last=channels_last)
+    randomize(codec, 5)  # codebooks of zeros would leave the decoder's states zero
+    with torch.no_grad():
+        codec.decode(codec.encode(torch.randn(2, FRAME)))
+        states = [
+            module.previous if isinstance(module, StreamingConv1d) else module.partial
+            for module in codec.modules()
+            if isinstance(module, StreamingConv1d | StreamingConvTranspose1d)
+        ]
+        states = [state for state in states if state.numel() > 0]
+        before = [state.clone() for state in states]
+        assert all(bool(state[1].any()) for state in before)
+        codec.reset_encoder(torch.tensor([True, False]))
+        codec.reset_decoder(torch.tensor([True, False]))
+    for state, old in zip(states, before, strict=True):
+        assert not bool(state[0].any())
+        assert torch.equal(state[1], old[1])
