@@ -9,7 +9,8 @@
 #   with the GPU's SM clock sampled every 100 ms alongside (nvidia-smi, clocks.csv);
 # step: the step back to back against Kyutai's reference in the same run, every ring full
 #   (bench/engine_gpu.py; the reference runs as moshi does by default, torch.compile on), fp8
-#   at 128 calls, the GPU tests (graph == eager tokens, kernels compiled, 7B conformance),
+#   at 128 calls, the GPU tests (every kernel test compiled, graph == eager tokens, 7B
+#   conformance),
 #   where the tick goes kernel by kernel (bench/tick_kernels.py) and stage by stage
 #   (bench/engine_stages.py).
 # Run from the repository root with torch, triton and Kyutai's `moshi` importable. Results land
@@ -23,7 +24,7 @@ export NO_TORCH_COMPILE=1 PYTHONUNBUFFERED=1
 engine=(python3 -m cadence bench engine --model moshi --random-weights --device cuda
     --executor graph --metrics-port 0 --log-level warning --full-context)
 if [[ $section == capacity || $section == all ]]; then
-    timeout 200 "${engine[@]}" --kv-dtype fp8 --sweep 300 --seconds 40 \
+    timeout 200 "${engine[@]}" --kv-dtype fp8 --sweep 300 --seconds 30 \
         --json "$out/bench_engine_fp8_300.json" 2>&1 | tail -4
     timeout 200 "${engine[@]}" --kv-dtype bf16 --sweep 152 --seconds 60 \
         --json "$out/bench_engine_bf16_152.json" 2>&1 | tail -4
@@ -39,7 +40,10 @@ if [[ $section == step || $section == all ]]; then
         --json "$out/engine_gpu.json" 2>&1 | tail -5
     timeout 60 python3 bench/engine_gpu.py --slots 128 --steps 40 --full-rings --kv-dtype fp8 \
         --json "$out/engine_gpu_fp8_128.json" 2>&1 | tail -3
-    timeout 150 python3 -m pytest -q -m gpu tests/engine tests/kernels -p no:cacheprovider 2>&1 |
+    # every kernel test compiled (those not marked `gpu` run on both; `interpreter` ones skip)
+    timeout 170 python3 -m pytest -q -m "not interpreter" tests/kernels -p no:cacheprovider 2>&1 |
+        tee "$out/gpu_tests_kernels.log" | tail -2
+    timeout 120 python3 -m pytest -q -m gpu tests/engine -p no:cacheprovider 2>&1 |
         tee "$out/gpu_tests.log" | tail -5
     timeout 90 python3 bench/tick_kernels.py --slots 1,128 --json "$out/tick_kernels.json" 2>&1 |
         tail -1 | cut -c1-300
