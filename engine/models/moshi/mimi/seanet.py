@@ -20,6 +20,11 @@ per convolution (nchwToNhwc/nhwcToNchw: 47 kernels and 0.17 ms of an 8.9 ms tick
 53 and 0.62 ms at 128 calls, bench/results/tick_kernels_no_tf32.json). Shapes, checkpoint
 names and results are the same either way (tests/engine/models/moshi/test_mimi.py runs both
 against Kyutai's Mimi); elementwise ops keep their input's layout, so none is converted.
+Measured on one H200 (`python3 bench/mimi_gpu.py --slots 1,128 --no-sweep`, both layouts in one
+run, bench/results/mimi_gpu_channels_last_first.json): encode 0.89 -> 0.80 ms at 1 call, 2.57
+-> 2.36 ms at 128 calls. Decode lost there (0.87 -> 0.85 and 2.66 -> 2.78 ms) to cuDNN's
+channels-last transposed convolutions, which now run time-last: decode at 128 calls 2.31 ->
+2.07 ms between two runs of bench/engine_stages.py (bench/results/engine_stages_after.json).
 """
 
 import torch
