@@ -46,14 +46,16 @@ Measured on one H200 (torch 2.11, Triton 3.6, bf16, random weights, CUDA graphs)
   (bench/results/kernels_fused_linear.json; the 8-row part was cut by the run's limit), us
   per call with the default tiles against cuBLAS and the per-op kernels: qkv (with the add and
   the norm) 5.69 vs 7.05, out + residual 3.73 vs 9.88, norm + gate/up + SiLU 6.79 vs 10.48,
-  down + residual 5.70 vs 10.76, head 4.37 vs 5.69. The weights stream at only 13-36% of
-  HBM (4 MB at 5 us: still launch- and latency-bound), against 4-23% before.
+  down + residual 5.70 vs 10.76, head 4.37 vs 5.69. The weights stream at only 12-35% of
+  HBM (13-36% with each GEMM's best tile; 4 MB at 5 us: still launch- and latency-bound),
+  against 4-23% before.
 - tiles: at 1 to 4 rows two columns per program on the CUDA cores beat every tensor-core
   tile (dot 16 x 256: 9.5 us for the one-row qkv); four columns were 0-20% faster still at 2
   and 4 rows (the bench's `few_rows_best`: 1.69 vs 1.84 ms at 4 rows, depformer alone), not
   taken yet: not timed at the stage. At 8 rows the broadcast product outgrows the registers
   and the tensor cores win, but the stage is not faster than the per-op kernels (first run
-  of the bench, tensor-core tiles: 1.86 / 1.84 ms against 1.80), so Depformer.FEW_ROWS is 4.
+  of the bench, tensor-core tiles: 1.86 / 1.84 ms against 1.80), so depformer.FEW_ROWS
+  (engine/models/moshi/depformer.py) is 4.
 - the temporal layer (k 4096): not wired. At one row the fastest tile of the sweep against
   cuBLAS and the per-op kernels, us per call: qkv + norm 39.3 vs 30.6, out + residual 13.7
   vs 15.6, norm + gate/up + SiLU 60.2 vs 52.8, down + residual 31.1 vs 31.4 (62% of HBM,
