@@ -52,10 +52,10 @@ def time_major_4d(x: Tensor) -> Tensor:
 
 class StatePool:
     """The states of a codec direction's convolutions as views of one fp32 [slots, size]
-    buffer, so that resetting them is one masked fill, not one launch per convolution (~20
-    per direction); the other streaming parts (transformers, the replicating convolution's
-    first-frame flag) reset themselves. Built once the modules are on their device: moving a
-    module afterwards would give its state a buffer of its own again."""
+    buffer, so that resetting them is one masked fill, not one launch per convolution (15 per
+    direction in Moshi's Mimi); the other streaming parts (transformers, the replicating
+    convolution with its first-frame flag) reset themselves. Built once the modules are on
+    their device: moving a module afterwards would give its state a buffer of its own again."""
 
     def __init__(self, parts: tuple[Streaming, ...], slots: int, device: torch.device) -> None:
         convolutions = [
