@@ -20,6 +20,7 @@ from engine.models.moshi.depformer import FEW_ROWS, Depformer
 from engine.models.moshi.model import randomize
 from engine.models.moshi.sampling import Sampling
 from engine.models.moshi.transformer import TemporalLayer
+from kernels.fused_linear import MAX_ROWS
 from kernels.gated_silu import gated_silu, gated_silu_reference
 from kernels.rms_norm import add_rms_norm, rms_norm, rms_norm_reference
 from kernels.step_attention import step_attention, step_attention_reference
@@ -138,9 +139,16 @@ def test_temporal_layer_fused_matches_torch_path() -> None:
     torch.testing.assert_close(outputs[1], outputs[0], rtol=1e-5, atol=1e-5)
 
 
+def test_few_rows_default_fits_one_fused_linear_program() -> None:
+    # depformer.FEW_ROWS must stay within the kernel's rows, or its launcher refuses the batch
+    assert 1 <= FEW_ROWS <= MAX_ROWS, (FEW_ROWS, MAX_ROWS)
+
+
 @pytest.mark.parametrize("few_rows", [0, FEW_ROWS], ids=["per_op_kernels", "few_rows_kernels"])
 def test_depformer_fused_gives_the_torch_path_tokens(few_rows: int) -> None:
     slots, steps = 4, 4
+    # the few-rows case must take that path: all slots within the threshold
+    assert few_rows == 0 or slots <= few_rows, (slots, few_rows)
     depformer = Depformer(
         steps=steps,
         dim=64,

@@ -101,7 +101,7 @@ class DepformerLayer(nn.Module):
         keys: Tensor,
         values: Tensor,
         fused: bool,
-        few_rows: bool = False,
+        few_rows: bool,
     ) -> Tensor:
         """The layer's input is x + pending (pending: the first layer's token embedding, added
         in the norm's launch when fused). `fused`: the kernels of kernels/ (see gated_ffn);
