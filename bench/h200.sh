@@ -40,7 +40,8 @@ if [[ $section == step || $section == all ]]; then
         --json "$out/engine_gpu.json" 2>&1 | tail -5
     timeout 60 python3 bench/engine_gpu.py --slots 128 --steps 40 --full-rings --kv-dtype fp8 \
         --json "$out/engine_gpu_fp8_128.json" 2>&1 | tail -3
-    # every kernel test compiled (those not marked `gpu` run on both; `interpreter` ones skip)
+    # every kernel test compiled (those not marked `gpu` run on both; `interpreter` ones are
+    # deselected)
     timeout 170 python3 -m pytest -q -m "not interpreter" tests/kernels -p no:cacheprovider 2>&1 |
         tee "$out/gpu_tests_kernels.log" | tail -2
     timeout 120 python3 -m pytest -q -m gpu tests/engine -p no:cacheprovider 2>&1 |
