@@ -22,9 +22,10 @@ names and results are the same either way (tests/engine/models/moshi/test_mimi.p
 against Kyutai's Mimi); elementwise ops keep their input's layout, so none is converted.
 Measured on one H200 (`python3 bench/mimi_gpu.py --slots 1,128 --no-sweep`, both layouts in one
 run, bench/results/mimi_gpu_channels_last_first.json): encode 0.89 -> 0.80 ms at 1 call, 2.57
--> 2.36 ms at 128 calls. Decode lost there (0.87 -> 0.85 and 2.66 -> 2.78 ms) to cuDNN's
-channels-last transposed convolutions, which now run time-last: decode at 128 calls 2.31 ->
-2.07 ms between two runs of bench/engine_stages.py (bench/results/engine_stages_after.json).
+-> 2.36 ms at 128 calls. Decode barely gained at 1 call (0.87 -> 0.85 ms) and lost at 128
+(2.66 -> 2.78 ms) to cuDNN's channels-last transposed convolutions, which now run time-last:
+decode at 128 calls 2.31 -> 2.07 ms between two runs of bench/engine_stages.py (the 2.07 in
+bench/results/engine_stages_after.json; the 2.31 run's JSON was not kept).
 """
 
 import torch
