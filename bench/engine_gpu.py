@@ -12,8 +12,9 @@ and with --reference, Kyutai's `moshi` 0.2.13 pipeline (`mimi.encode` -> `LMGen.
 own CUDA graphs -> `mimi.decode`) batched at the same N, same context, same dtype, as moshi
 runs by default: its RMSNorm, RoPE and gating under torch.compile (fused Triton kernels) inside
 its CUDA graphs. `--reference-no-compile` sets NO_TORCH_COMPILE=1 for it (each of those
-functions then runs op by op: ~10 ms slower per step at 1 and 128 calls in an earlier run,
-bench/results/engine_gpu.json); the row records which.
+functions then runs op by op: ~10 ms slower per step at 1 and 128 calls, 27.3 / 57.2 ms median
+in bench/results/engine_gpu.json as of commit fa202b1 against 17.9 / 45.3 compiled in
+bench/results/engine_gpu_ref_compiled.json); the row records which.
 
 Reported per N: median / p99 / max milliseconds per step, peak GPU memory, kernels launched by
 one eager step (the graph replays the same kernels), and the ratio graph / reference. These are
