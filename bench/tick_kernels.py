@@ -9,7 +9,8 @@ reports the span from the first kernel's start to the last kernel's end, the tim
 was running (busy), the rest (gaps between dependent kernels: launch latency inside the
 graph), and the kernels grouped by a short name (Triton kernel, cuBLAS/CUTLASS GEMM, torch
 elementwise ...) with their count and summed time, largest first. It answers "launches or
-bytes?" for each slot count.
+bytes?" for each slot count. (Results before the commit that added this sentence named
+cuDNN's `sm80_xmma_dgrad_implicit_gemm_...` kernels by their `gemm_...` tail only.)
 """
 
 import argparse
@@ -40,8 +41,9 @@ TOP = 25
 def short_name(name: str) -> str:
     """A kernel's family: Triton kernels keep their function name, GEMMs and torch's
     elementwise/reduction kernels lose their template arguments."""
-    if "gemm" in name.lower() or "gemv" in name.lower() or name.startswith("sm90_"):
-        match = re.search(r"(gemv\w*|gemm\w*|sm90_\w+)", name, re.IGNORECASE)
+    if "gemm" in name.lower() or "gemv" in name.lower() or re.match(r"sm\d\d_", name):
+        # cuDNN's and CUTLASS's names start with their family (sm80_xmma_dgrad_...): kept
+        match = re.search(r"(sm\d\d_\w+|gemv\w*|gemm\w*)", name, re.IGNORECASE)
         return "gemm: " + (match.group(1)[:60] if match else name[:60])
     name = re.sub(r"<.*", "", name)  # template arguments
     name = re.sub(r"\(.*", "", name)  # argument lists

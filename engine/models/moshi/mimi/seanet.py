@@ -24,8 +24,8 @@ Measured on one H200 (`python3 bench/mimi_gpu.py --slots 1,128 --no-sweep`, both
 run, bench/results/mimi_gpu_channels_last_first.json): encode 0.89 -> 0.80 ms at 1 call, 2.57
 -> 2.36 ms at 128 calls. Decode barely gained at 1 call (0.87 -> 0.85 ms) and lost at 128
 (2.66 -> 2.78 ms) to cuDNN's channels-last transposed convolutions, which now run time-last:
-decode at 128 calls 2.31 -> 2.07 ms between two runs of bench/engine_stages.py (the 2.07 in
-bench/results/engine_stages_after.json; the 2.31 run's JSON was not kept).
+decode at 128 calls 2.31 -> 2.07 ms between two runs of bench/engine_stages.py
+(bench/results/engine_stages_convtr_channels_last.json -> engine_stages_after.json).
 """
 
 import torch
@@ -200,11 +200,12 @@ class StreamingConvTranspose1d(Streaming):
             in_channels, out_channels, kernel, stride, groups=groups, bias=bias, device=device
         )
         # Transposed convolutions run time-last whatever the stack's layout: in channels-last
-        # form cuDNN served Mimi's channel-wise upsample (568 us of a 2.8 ms decode at 128
-        # calls, bench/results/mimi_gpu_channels_last_first.json) and then one of the four
-        # decoder upsamplers (566 us at 128 calls, bench/results/tick_kernels.json) with a
-        # slow dgrad kernel, against ~140 us for the decoder's three others and ~50 us for
-        # a converted time-last one. `channels_last` converts the output once.
+        # form cuDNN gave Mimi's channel-wise upsample (568 us of a 2.8 ms decode at 128 calls,
+        # bench/results/mimi_gpu_channels_last_first.json) and then one of the decoder's four
+        # upsamplers (566 us at 128 calls, bench/results/tick_kernels.json: a run before this
+        # change, its kernel named there by the tail of sm80_xmma_dgrad_implicit_gemm_...) a
+        # slow dgrad kernel; the other three took 138 us together. Time-last, decode at 128
+        # calls went 2.31 -> 2.07 ms (module docstring). `channels_last` converts the output.
         self.channels_last = channels_last
         self.partial: Tensor
         self.register_buffer(
