@@ -33,7 +33,7 @@ from aiohttp import web
 from prometheus_client.exposition import choose_encoder
 
 from engine.ring import EngineState, SlotState
-from gateway.calls import CallRefused, CallRegistry
+from gateway.calls import RETRY_AFTER_S, CallRefused, CallRegistry
 from gateway.phone.bridge import DialError, PhoneBridge
 from gateway.sip.digest import Credentials
 from gateway.webrtc import OfferError
@@ -43,7 +43,6 @@ log = logging.getLogger(__name__)
 CALLS: web.AppKey[CallRegistry] = web.AppKey("calls", CallRegistry)
 PHONE: web.AppKey[PhoneBridge] = web.AppKey("phone", PhoneBridge)
 MAX_OFFER_BYTES = 64 * 1024
-RETRY_AFTER_S = {"full": 5, "draining": 30, "starting": 5, "unavailable": 10}
 STALE_HEARTBEAT_S = 1.0
 
 

@@ -40,8 +40,13 @@ ENDED_KEPT = 256  # final records kept, so a page polling its call learns why it
 LONGEST_SIP_PACKET_S = 0.06  # G.711 packets may be 10, 20, 30 or 60 ms, whatever was offered
 
 
+# seconds a refused caller is told to wait before trying again (HTTP and SIP 503 Retry-After)
+RETRY_AFTER_S = {"full": 5, "draining": 30, "starting": 5, "unavailable": 10}
+
+
 class CallRefused(Exception):
-    """No call was set up; `reason` is full, draining or unavailable."""
+    """No call was set up; `reason` is full, draining, starting or unavailable (the keys of
+    RETRY_AFTER_S)."""
 
     def __init__(self, reason: str, detail: str) -> None:
         super().__init__(detail)

@@ -27,7 +27,7 @@ from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
 from typing import Any
 
-from gateway.calls import Call, CallRefused, CallRegistry
+from gateway.calls import RETRY_AFTER_S, Call, CallRefused, CallRegistry
 from gateway.config import GatewayConfig
 from gateway.phone.codec import G711Decoder
 from gateway.phone.pacer import RtpPacer
@@ -56,7 +56,6 @@ from gateway.sip.sdp import AudioStream, Origin, SessionDescription, accepted_st
 
 log = logging.getLogger(__name__)
 
-RETRY_AFTER_S = {"full": 5, "draining": 30, "unavailable": 10}
 WATCH_PERIOD_S = 0.5  # how often RTP timeouts are checked
 UNSUPPORTED_MEDIA = 488
 SERVER_ERROR = 500

@@ -14,11 +14,11 @@ from engine.metrics import EngineMetrics
 from engine.models.echo import EchoModel
 from engine.ring import RingSpec, SharedRing
 from engine.slots import SlotTable
-from gateway.calls import CallRefused, CallRegistry
+from gateway.calls import RETRY_AFTER_S, CallRefused, CallRegistry
 from gateway.config import GatewayConfig
 from gateway.engine_client import EngineClient
 from gateway.media.clock import PumpGrid
-from gateway.metrics import GatewayMetrics
+from gateway.metrics import REFUSAL_REASONS, GatewayMetrics
 from gateway.phone.codec import G711Decoder
 
 PERIOD_NS = 80_000_000
@@ -135,3 +135,10 @@ def test_a_call_whose_media_fails_is_ended_and_the_others_keep_their_pump(
         await client.close()
 
     asyncio.run(scenario())
+
+
+def test_every_refusal_reason_has_a_retry_after() -> None:
+    """HTTP and SIP 503s read one table: each reason the metrics know has its wait (the SIP
+    bridge's own table once lacked "starting" and told phones 10 s where HTTP said 5)."""
+    assert set(RETRY_AFTER_S) == set(REFUSAL_REASONS)
+    assert RETRY_AFTER_S["starting"] == RETRY_AFTER_S["full"] == 5
