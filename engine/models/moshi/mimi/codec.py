@@ -64,22 +64,8 @@ class MimiCodec(nn.Module):
         fused = device.type == "cuda" if fused is None else fused
         channels_last = device.type == "cuda" if channels_last is None else channels_last
         self.config = config
-        shape = {
-            "n_filters": config.n_filters,
-            "dimension": config.seanet_dim,
-            "ratios": config.ratios,
-            "kernel_size": config.kernel_size,
-            "last_kernel_size": config.last_kernel_size,
-            "residual_kernel_size": config.residual_kernel_size,
-            "dilation_base": config.dilation_base,
-            "n_residual_layers": config.n_residual_layers,
-            "compress": config.compress,
-            "slots": slots,
-            "device": device,
-            "channels_last": channels_last,
-        }
-        self.encoder = seanet_encoder(**shape)  # type: ignore[arg-type]
-        self.decoder = seanet_decoder(**shape)  # type: ignore[arg-type]
+        self.encoder = seanet_encoder(config, slots, device, channels_last)
+        self.decoder = seanet_decoder(config, slots, device, channels_last)
 
         def transformer() -> MimiTransformer:
             return MimiTransformer(

@@ -32,6 +32,8 @@ import torch
 from torch import Tensor, nn
 from torch.nn import functional
 
+from engine.models.moshi.config import MimiConfig
+
 
 class Streaming(nn.Module):
     """A module with per-slot state that `reset` clears for the masked slots."""
@@ -274,34 +276,23 @@ class SeanetStack(nn.Module):
 
 
 def seanet_encoder(
-    *,
-    n_filters: int,
-    dimension: int,
-    ratios: tuple[int, ...],
-    kernel_size: int,
-    last_kernel_size: int,
-    residual_kernel_size: int,
-    dilation_base: int,
-    n_residual_layers: int,
-    compress: int,
-    slots: int,
-    device: torch.device,
-    channels_last: bool = False,
+    config: MimiConfig, slots: int, device: torch.device, channels_last: bool = False
 ) -> SeanetStack:
-    """Waveform [slots, 1, samples] -> latent [slots, dimension, samples / prod(ratios)]."""
+    """Waveform [slots, 1, samples] -> latent [slots, seanet_dim, samples / prod(ratios)]."""
+    filters = config.n_filters
     layers: list[nn.Module] = [
-        StreamingConv1d(1, n_filters, kernel_size, slots, device, channels_last=channels_last)
+        StreamingConv1d(1, filters, config.kernel_size, slots, device, channels_last=channels_last)
     ]
     mult = 1
-    for ratio in reversed(ratios):
-        width = mult * n_filters
-        for j in range(n_residual_layers):
+    for ratio in reversed(config.ratios):
+        width = mult * filters
+        for j in range(config.n_residual_layers):
             layers.append(
                 ResnetBlock(
                     width,
-                    residual_kernel_size,
-                    dilation_base**j,
-                    compress,
+                    config.residual_kernel_size,
+                    config.dilation_base**j,
+                    config.compress,
                     slots,
                     device,
                     channels_last=channels_last,
@@ -323,9 +314,9 @@ def seanet_encoder(
     layers.append(nn.ELU())
     layers.append(
         StreamingConv1d(
-            mult * n_filters,
-            dimension,
-            last_kernel_size,
+            mult * filters,
+            config.seanet_dim,
+            config.last_kernel_size,
             slots,
             device,
             channels_last=channels_last,
@@ -335,42 +326,36 @@ def seanet_encoder(
 
 
 def seanet_decoder(
-    *,
-    n_filters: int,
-    dimension: int,
-    ratios: tuple[int, ...],
-    kernel_size: int,
-    last_kernel_size: int,
-    residual_kernel_size: int,
-    dilation_base: int,
-    n_residual_layers: int,
-    compress: int,
-    slots: int,
-    device: torch.device,
-    channels_last: bool = False,
+    config: MimiConfig, slots: int, device: torch.device, channels_last: bool = False
 ) -> SeanetStack:
-    """Latent [slots, dimension, frames] -> waveform [slots, 1, frames * prod(ratios)]."""
-    mult = 2 ** len(ratios)
+    """Latent [slots, seanet_dim, frames] -> waveform [slots, 1, frames * prod(ratios)]."""
+    filters = config.n_filters
+    mult = 2 ** len(config.ratios)
     layers: list[nn.Module] = [
         StreamingConv1d(
-            dimension, mult * n_filters, kernel_size, slots, device, channels_last=channels_last
+            config.seanet_dim,
+            mult * filters,
+            config.kernel_size,
+            slots,
+            device,
+            channels_last=channels_last,
         )
     ]
-    for ratio in ratios:
-        width = mult * n_filters
+    for ratio in config.ratios:
+        width = mult * filters
         layers.append(nn.ELU())
         layers.append(
             StreamingConvTranspose1d(
                 width, width // 2, 2 * ratio, ratio, slots, device, channels_last=channels_last
             )
         )
-        for j in range(n_residual_layers):
+        for j in range(config.n_residual_layers):
             layers.append(
                 ResnetBlock(
                     width // 2,
-                    residual_kernel_size,
-                    dilation_base**j,
-                    compress,
+                    config.residual_kernel_size,
+                    config.dilation_base**j,
+                    config.compress,
                     slots,
                     device,
                     channels_last=channels_last,
@@ -379,6 +364,8 @@ def seanet_decoder(
         mult //= 2
     layers.append(nn.ELU())
     layers.append(
-        StreamingConv1d(n_filters, 1, last_kernel_size, slots, device, channels_last=channels_last)
+        StreamingConv1d(
+            filters, 1, config.last_kernel_size, slots, device, channels_last=channels_last
+        )
     )
     return SeanetStack(layers)
