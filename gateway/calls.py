@@ -31,7 +31,7 @@ from gateway.media.opus import OpusDecoder
 from gateway.media.session import MediaSession
 from gateway.media.uplink import AudioDecoder, Uplink
 from gateway.metrics import GatewayMetrics
-from gateway.webrtc import OPUS_RATE, PACKET_SAMPLES, answer
+from gateway.webrtc import OPUS_CLOCK, PACKET_TICKS, answer, opus_decode_rate
 
 log = logging.getLogger(__name__)
 
@@ -99,14 +99,14 @@ class CallRegistry:
         lease = await self._admit(call_id)
         spec = self.ring.spec
         uplink = Uplink(
-            OpusDecoder(OPUS_RATE),
+            OpusDecoder(opus_decode_rate(spec.sample_rate)),
             self.config.jitter,
             model_rate=spec.sample_rate,
             frame_samples=spec.frame_samples,
             pump_period_s=self.grid.step_s,
         )
         downlink = Downlink(
-            spec.sample_rate, OPUS_RATE, PACKET_SAMPLES, self.config.send_queue_max_s
+            spec.sample_rate, OPUS_CLOCK, PACKET_TICKS, self.config.send_queue_max_s
         )
         call = Call(call_id, "webrtc", lease, MediaSession(self.ring, lease, uplink, downlink))
         if self.captioner is not None:

@@ -27,7 +27,7 @@ class Downlink:
     ) -> None:
         self._resampler = None if model_rate == codec_rate else Resampler(model_rate, codec_rate)
         self.packet_samples = packet_samples
-        self._rate = codec_rate
+        self.rate = codec_rate  # of the packets handed out
         self._max = round(max_queue_s * codec_rate)
         self._queue = np.zeros(self._max + packet_samples, np.float32)
         self._fill = 0
@@ -40,7 +40,7 @@ class Downlink:
 
     @property
     def queued_s(self) -> float:
-        return self._fill / self._rate
+        return self._fill / self.rate
 
     def accept(self, frames: Iterable[DownlinkFrame]) -> None:
         for frame in frames:

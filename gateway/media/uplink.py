@@ -17,7 +17,9 @@ from gateway.media.resample import Resampler
 
 
 class AudioDecoder(Protocol):
-    """A codec's decoder at the RTP clock rate; every method returns mono int16 samples.
+    """A codec's decoder at its own output `rate` (the RTP clock's for G.711; Opus decodes at
+    any of its rates whatever its 48 kHz clock); every method returns mono int16 samples, and
+    `conceal` and `recover` take their length at that rate.
 
     `decode` and `recover` raise ValueError for a packet they cannot decode."""
 
@@ -45,6 +47,7 @@ class Uplink:
         framer's backlog must hold that much or it would cut audio out of every long packet."""
         self.jitter = JitterBuffer(jitter)
         self._decoder = decoder
+        self._clock_rate = jitter.clock_rate  # the jitter buffer's durations are in its ticks
         self._resampler = (
             None if decoder.rate == model_rate else Resampler(decoder.rate, model_rate)
         )
@@ -69,8 +72,9 @@ class Uplink:
 
     def _play(self, now_s: float) -> NDArray[np.int16]:
         out = self.jitter.pull(now_s)
+        samples = out.samples * self._decoder.rate // self._clock_rate
         if out.unit is Unit.WAITING:
-            return np.zeros(out.samples, np.int16)
+            return np.zeros(samples, np.int16)
         try:
             if out.unit is Unit.PACKET:
                 assert out.payload is not None
@@ -79,13 +83,13 @@ class Uplink:
                 return self._decoder.decode(out.payload)
             self.concealed += 1
             if out.unit is Unit.LOST and out.payload is not None:
-                return self._decoder.recover(out.payload, out.samples)
+                return self._decoder.recover(out.payload, samples)
         except ValueError:
             # a peer's malformed packet must not raise out of the pump, which serves every call
             self.undecodable += 1
             if out.unit is Unit.PACKET:
                 self.concealed += 1
-        return self._decoder.conceal(out.samples)
+        return self._decoder.conceal(samples)
 
     def _feed(self, pcm: NDArray[np.int16]) -> None:
         x = to_float32(pcm)

@@ -26,7 +26,7 @@ from gateway.media.downlink import TOKEN_BACKLOG_FRAMES, Downlink
 from gateway.media.jitter import JitterConfig
 from gateway.media.opus import OpusDecoder
 from gateway.media.uplink import Uplink
-from gateway.webrtc import CAPTIONS_LABEL, OPUS_RATE, PACKET_SAMPLES, answer
+from gateway.webrtc import CAPTIONS_LABEL, answer
 from tests.support.tokenizer import train_tiny_tokenizer
 
 
@@ -101,7 +101,7 @@ def test_captions_wait_for_an_open_channel_and_drop_what_it_missed() -> None:
 
 
 def test_downlink_keeps_tokens_until_taken_and_bounds_them() -> None:
-    downlink = Downlink(24000, OPUS_RATE, PACKET_SAMPLES, 0.12)
+    downlink = Downlink(24000, 48000, 960, 0.12)
     pcm = np.zeros(1920, np.int16)
     downlink.accept(DownlinkFrame(f, pcm, s) for f, s in enumerate(steps(1, 2, 3), 1))
     assert [int(t[0]) for t in downlink.take_tokens()] == [1, 2, 3]
@@ -116,8 +116,8 @@ def test_downlink_keeps_tokens_until_taken_and_bounds_them() -> None:
 async def _captions_over_webrtc() -> list[str]:
     restrict_host_candidates(["127.0.0.1"])
     grid = PumpGrid(time.monotonic(), 0.08, 4, 0.015)
-    uplink = Uplink(OpusDecoder(OPUS_RATE), JitterConfig(), 24000, 1920, grid.step_s)
-    downlink = Downlink(24000, OPUS_RATE, PACKET_SAMPLES, 0.12)
+    uplink = Uplink(OpusDecoder(24000), JitterConfig(), 24000, 1920, grid.step_s)
+    downlink = Downlink(24000, 48000, 960, 0.12)
     browser = RTCPeerConnection()
     browser.addTransceiver("audio", direction="sendrecv")
     received: list[str] = []

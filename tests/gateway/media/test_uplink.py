@@ -1,6 +1,7 @@
 """The Opus receive path: jitter buffer -> libopus -> resampler -> exact frames."""
 
 import numpy as np
+from numpy.typing import NDArray
 
 from gateway.media.jitter import JitterConfig
 from gateway.media.opus import OpusDecoder, OpusEncoder
@@ -30,3 +31,39 @@ def test_a_packet_libopus_refuses_is_concealed_and_the_stream_goes_on() -> None:
     assert counters.lost == 0
     assert counters.played + uplink.jitter.buffered == counters.received
     assert np.abs(frames[-1]).max() > 1000, "the audio after the bad packet still comes through"
+
+
+def _lossy_tone(decoder_rate: int) -> tuple[Uplink, list[NDArray[np.int16]]]:
+    """One second of a 440 Hz tone, a packet every pump; two lost, one late."""
+    uplink = Uplink(OpusDecoder(decoder_rate), JitterConfig(), 24000, FRAME, PUMP_S)
+    encoder = OpusEncoder(48000)
+    t = np.arange(50 * PACKET)
+    tone = (8000 * np.sin(t * 2 * np.pi * 440 / 48000)).astype(np.int16)
+    frames = []
+    for k in range(50):
+        now = k * PUMP_S
+        if k not in (12, 30):
+            packet = encoder.encode(tone[k * PACKET : (k + 1) * PACKET])
+            uplink.receive(k, k * PACKET, packet, now + (0.025 if k == 20 else 0.005))
+        uplink.pump(now)
+        if k % 4 == 3:
+            frames.append(uplink.take_frame())
+    return uplink, frames
+
+
+def test_a_24khz_decoder_plays_out_as_the_48khz_one_does() -> None:
+    """The jitter buffer counts in RTP clock ticks (48 kHz for Opus); a decoder at 24 kHz (the
+    gateway's for Moshi: no resampler) conceals lost packets at its own rate, so the buffer
+    plays, loses and holds exactly what it does with a 48 kHz decoder (had it concealed 960
+    samples at 24 kHz, 40 ms per loss, the buffer would back up and drop a packet)."""
+    at_48k, _ = _lossy_tone(48000)
+    at_24k, frames = _lossy_tone(24000)
+    assert at_24k.jitter.counters == at_48k.jitter.counters
+    assert at_24k.jitter.counters.lost == 2
+    assert at_24k.jitter.counters.dropped == 0
+    assert at_24k.jitter.buffered == at_48k.jitter.buffered
+    assert at_24k.concealed == 2
+    assert all(frame.shape == (FRAME,) for frame in frames)
+    spectrum = np.abs(np.fft.rfft(np.concatenate(frames[3:]).astype(np.float64)))
+    peak_hz = np.argmax(spectrum) * 24000 / (len(frames[3:]) * FRAME)
+    assert abs(peak_hz - 440) < 10, peak_hz
