@@ -26,7 +26,7 @@ from engine.watchdog import StepWatchdog
 
 log = logging.getLogger(__name__)
 
-PCM_SCALE = 1.0 / 32768.0
+PCM_SCALE = np.float32(1.0 / 32768.0)
 RECENT_TICKS = 2048  # ticks kept for the status reply's percentiles
 # the per-slot control fields a new call starts from zero
 CALL_COUNTERS = ("ticks", "misses", "underruns", "overruns", "uplink_frames", "downlink_frames")
@@ -115,7 +115,9 @@ class Engine:
         self._last_uplink[got] = taken[got]
         self._media_started |= got
         underrun = live & self._media_started & ~got
-        np.multiply(self._uplink_i16, PCM_SCALE, out=self._pcm_in, casting="unsafe")
+        # in float32 (exact: the scale is a power of two); int16 times a Python float would
+        # compute in float64 first, 2.8x slower (0.34 against 0.12 ms at 300 calls)
+        np.multiply(self._uplink_i16, PCM_SCALE, out=self._pcm_in, dtype=np.float32)
         self._pcm_in[~got] = 0.0
         t_gathered = time.perf_counter()
 
