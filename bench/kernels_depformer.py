@@ -65,12 +65,7 @@ def _barriers_only(counter_ptr, programs, barriers):  # type: ignore[no-untyped-
 
 def build(slots: int) -> Depformer:
     lm = moshiko().lm
-    depformer = Depformer(
-        steps=lm.audio_codebooks, dim=lm.dim, dep_dim=lm.depformer_dim,
-        num_heads=lm.depformer_num_heads, num_layers=lm.depformer_num_layers,
-        hidden=lm.depformer_ffn_hidden, text_card=lm.text_card, card=lm.card, slots=slots,
-        device=torch.device("cuda"), dtype=torch.bfloat16,
-    )  # fmt: skip
+    depformer = Depformer.for_lm(lm, slots, torch.device("cuda"), torch.bfloat16)
     generator = torch.Generator(device="cuda").manual_seed(0)
     with torch.no_grad():
         for name, param in depformer.named_parameters():

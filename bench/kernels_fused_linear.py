@@ -157,19 +157,7 @@ def shape_row(name: str, mode: str, n: int, k: int, rows: int) -> tuple[dict[str
 def depformer_rows(rows: int, best: dict[tuple[int, int], Tiles]) -> dict[str, Any]:
     config = moshiko().lm
     cuda = torch.device("cuda")
-    depformer = Depformer(
-        steps=config.dep_q,
-        dim=config.dim,
-        dep_dim=config.depformer_dim,
-        num_heads=config.depformer_num_heads,
-        num_layers=config.depformer_num_layers,
-        hidden=config.depformer_ffn_hidden,
-        text_card=config.text_card,
-        card=config.card,
-        slots=rows,
-        device=cuda,
-        dtype=torch.bfloat16,
-    )
+    depformer = Depformer.for_lm(config, rows, cuda, torch.bfloat16)
     randomize(depformer, 1)
     depformer.eval()
     hidden = torch.randn(rows, 1, config.dim, device=cuda, dtype=torch.bfloat16)

@@ -23,6 +23,7 @@ from torch import Tensor, nn
 from torch.nn import functional
 
 from engine.models.moshi.attention import RmsNorm, add_rms_norm, fused_on, rms_norm
+from engine.models.moshi.config import LmConfig
 from engine.models.moshi.sampling import Sampling, sample
 from engine.models.moshi.transformer import RMS_EPS, gated_ffn
 
@@ -184,6 +185,25 @@ class Depformer(nn.Module):
         # the fused path's largest batch that takes the few-rows kernels (DepformerLayer's
         # _few_rows; 0: never). Read at every call, like `fused`
         self.few_rows = FEW_ROWS
+
+    @classmethod
+    def for_lm(
+        cls, config: LmConfig, slots: int, device: torch.device, dtype: torch.dtype
+    ) -> "Depformer":
+        """The depth transformer of an LM of `config`: one step per model audio codebook."""
+        return cls(
+            steps=config.audio_codebooks,
+            dim=config.dim,
+            dep_dim=config.depformer_dim,
+            num_heads=config.depformer_num_heads,
+            num_layers=config.depformer_num_layers,
+            hidden=config.depformer_ffn_hidden,
+            text_card=config.text_card,
+            card=config.card,
+            slots=slots,
+            device=device,
+            dtype=dtype,
+        )
 
     def forward(
         self,

@@ -72,19 +72,7 @@ class MoshiLm(nn.Module):
         self.text_linear = nn.Linear(
             config.dim, config.text_card, bias=False, device=device, dtype=dtype
         )
-        self.depformer = Depformer(
-            steps=audio,
-            dim=config.dim,
-            dep_dim=config.depformer_dim,
-            num_heads=config.depformer_num_heads,
-            num_layers=config.depformer_num_layers,
-            hidden=config.depformer_ffn_hidden,
-            text_card=config.text_card,
-            card=config.card,
-            slots=slots,
-            device=device,
-            dtype=dtype,
-        )
+        self.depformer = Depformer.for_lm(config, slots, device, dtype)
         initial = (config.text_card,) + (config.card,) * (2 * audio)
         self.delays = TokenDelays(config.delays, 1 + audio, initial, slots, device)
         # None: the embedding kernel on CUDA only (see fused_on). Read at every step: set it
