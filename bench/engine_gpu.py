@@ -32,11 +32,11 @@ against engine_stages_after.json). `cadence bench engine --full-context` ages bo
 """
 
 import argparse
+import functools
 import gc
 import json
 import logging
 import os
-import platform
 import statistics
 import sys
 import time
@@ -47,6 +47,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import numpy as np
 import torch
+from gpu_timing import count_kernels, machine  # bench/, this folder
 
 from engine.executors.eager import EagerExecutor
 from engine.executors.graph import GraphExecutor
@@ -125,16 +126,6 @@ def time_steps(run: Any, model: MoshiModel, steps: int, full_rings: bool) -> lis
     return times
 
 
-def count_kernels(model: MoshiModel) -> int:
-    slots = model.slots
-    pcm = np.zeros((slots, SAMPLES), np.float32)
-    mask = np.ones(slots, np.bool_)
-    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
-        model.step(pcm, ~mask, mask)
-        torch.cuda.synchronize()
-    return len([e for e in prof.events() if e.device_type.name == "CUDA"])
-
-
 def cadence_row(
     config: MoshiConfig,
     slots: int,
@@ -149,7 +140,9 @@ def cadence_row(
     if slots <= 8:
         eager = EagerExecutor(model).run
         row["eager"] = percentiles(time_steps(eager, model, min(steps, 20), full_rings))
-        row["kernels_per_step"] = count_kernels(model)
+        pcm = np.zeros((slots, SAMPLES), np.float32)
+        every = np.ones(slots, np.bool_)
+        row["kernels_per_step"] = count_kernels(functools.partial(model.step, pcm, ~every, every))
     t0 = time.perf_counter()
     graph = GraphExecutor(model)
     row["graph_capture_s"] = round(time.perf_counter() - t0, 2)
@@ -222,12 +215,7 @@ def main() -> int:
     assert config.lm.context == CONTEXT
     result: dict[str, Any] = {
         "command": " ".join(sys.argv),
-        "machine": {
-            "gpu": torch.cuda.get_device_name(),
-            "python": platform.python_version(),
-            "torch": torch.__version__,
-            "cuda": torch.version.cuda,
-        },
+        "machine": machine(),
         "model": "moshiko 7B shapes, random weights, bf16, context 1500 frames",
         "kv_dtype": args.kv_dtype,
         "full_rings": args.full_rings,

@@ -3,6 +3,7 @@
     replay_ms(fn, replays, repeats)  ms per replay of a graph holding `repeats` calls of fn
     summary(times)                   {"median_ms", "p99_ms"}
     kernel_names(fn) / count_kernels(fn)  kernels one eager call of fn launches (torch profiler)
+    ranked(kernels, top)             (name, launches, summed us) of profiled kernels, costliest 1st
     machine()                        GPU, multiprocessors and versions, for each result's JSON
 
 fn is warmed up on a side stream first (Triton compiles, cuBLAS picks, allocations settle)
@@ -13,7 +14,7 @@ with CUDA events, so what is timed is the device's work, not Python's.
 import platform
 import statistics
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import torch
@@ -67,6 +68,16 @@ def kernel_names(fn: Callable[[], object]) -> Counter[str]:
 
 def count_kernels(fn: Callable[[], object]) -> int:
     return sum(kernel_names(fn).values())
+
+
+def ranked(kernels: Iterable[tuple[str, float]], top: int) -> list[tuple[str, int, float]]:
+    """(name, launches, summed us) of the `top` costliest names among (name, us) kernels."""
+    totals: dict[str, tuple[int, float]] = {}
+    for name, us in kernels:
+        launches, total = totals.get(name, (0, 0.0))
+        totals[name] = (launches + 1, total + us)
+    order = sorted(totals.items(), key=lambda item: -item[1][1])[:top]
+    return [(name, launches, total) for name, (launches, total) in order]
 
 
 def machine() -> dict[str, Any]:

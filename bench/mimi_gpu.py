@@ -35,7 +35,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import torch
-from gpu_timing import count_kernels, machine, replay_ms, summary
+from gpu_timing import count_kernels, machine, ranked, replay_ms, summary
 
 import kernels.mimi_transformer as step_kernel
 from engine.models.moshi.config import moshiko
@@ -120,14 +120,15 @@ def top_kernels(stage: Callable[[], object], count: int = 10) -> list[dict[str, 
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
         stage()
         torch.cuda.synchronize()
-    totals: dict[str, list[float]] = {}
-    for event in prof.events():
-        if event.device_type.name == "CUDA":
-            entry = totals.setdefault(event.name[:90], [0.0, 0])
-            entry[0] += event.device_time
-            entry[1] += 1
-    ranked = sorted(totals.items(), key=lambda item: -item[1][0])[:count]
-    return [{"kernel": name, "us": round(us, 1), "launches": n} for name, (us, n) in ranked]
+    kernels = (
+        (event.name[:90], event.device_time)
+        for event in prof.events()
+        if event.device_type.name == "CUDA"
+    )
+    return [
+        {"kernel": name, "us": round(us, 1), "launches": n}
+        for name, n, us in ranked(kernels, count)
+    ]
 
 
 def measure(slots: int, profile: bool) -> dict[str, Any]:

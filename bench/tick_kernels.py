@@ -18,7 +18,6 @@ import json
 import logging
 import re
 import sys
-from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
@@ -28,7 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import numpy as np
 import torch
 from engine_gpu import SAMPLES, build, fill_rings  # bench/, this folder
-from gpu_timing import machine
+from gpu_timing import machine, ranked
 
 from engine.executors.graph import GraphExecutor
 from engine.models.moshi.config import moshiko
@@ -77,12 +76,7 @@ def profile_tick(slots: int, kv_dtype: torch.dtype | None) -> dict[str, Any]:
     ticks = [kernels[i * per_tick : (i + 1) * per_tick] for i in range(REPLAYS)]
     spans = [tick[-1][1] - tick[0][0] for tick in ticks]
     busy = [sum(end - start for start, end, _ in tick) for tick in ticks]
-    groups: dict[str, list[float]] = defaultdict(lambda: [0, 0.0])
-    for start, end, name in kernels:
-        group = groups[short_name(name)]
-        group[0] += 1
-        group[1] += end - start
-    top = sorted(groups.items(), key=lambda item: -item[1][1])[:TOP]
+    top = ranked(((short_name(name), end - start) for start, end, name in kernels), TOP)
     row: dict[str, Any] = {
         "slots": slots,
         "kernels_per_tick": per_tick,
@@ -96,7 +90,7 @@ def profile_tick(slots: int, kv_dtype: torch.dtype | None) -> dict[str, Any]:
                 "per_tick": round(count / REPLAYS, 1),
                 "us_per_tick": round(total / REPLAYS, 1),
             }
-            for name, (count, total) in top
+            for name, count, total in top
         ],
     }
     del graph, model
