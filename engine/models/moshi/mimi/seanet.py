@@ -16,8 +16,9 @@ time-major in memory ([slots, T, channels] under the [slots, channels, T] shape)
 each convolution (transposed ones excepted, see StreamingConvTranspose1d) as a 2-d one over
 [slots, channels, 1, T] in channels-last format: cuDNN's
 TF32 kernels on Hopper are channels-last, so the default layout cost two layout conversions
-per convolution (nchwToNhwc/nhwcToNchw: 47 kernels and 0.17 ms of an 8.9 ms tick at 1 call,
-53 and 0.62 ms at 128 calls, bench/results/tick_kernels_no_tf32.json). Shapes, checkpoint
+per convolution (at 1 call 33 nchwToNhwc kernels, 0.17 ms of an 8.9 ms tick, the reverse ones
+below the profile's top 25; at 128 calls 39 + 14 of both, 0.62 ms:
+bench/results/tick_kernels_no_tf32.json). Shapes, checkpoint
 names and results are the same either way (tests/engine/models/moshi/test_mimi.py runs both
 against Kyutai's Mimi); elementwise ops keep their input's layout, so none is converted.
 Measured on one H200 (`python3 bench/mimi_gpu.py --slots 1,128 --no-sweep`, both layouts in one
