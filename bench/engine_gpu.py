@@ -56,6 +56,7 @@ from engine.models.moshi.lm import MoshiLm
 from engine.models.moshi.mimi.codec import MimiCodec
 from engine.models.moshi.model import MoshiModel, randomize
 from engine.models.moshi.sampling import Sampling
+from kernels import dependent_launch
 
 log = logging.getLogger("engine_gpu")
 SAMPLES = 1920
@@ -207,10 +208,16 @@ def main() -> int:
         action="store_true",
         help="run the reference with NO_TORCH_COMPILE=1 (its compiled functions op by op)",
     )
+    parser.add_argument(
+        "--no-pdl",
+        action="store_true",
+        help="Cadence's kernels without programmatic dependent launch (kernels/dependent_launch)",
+    )
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
     torch.backends.cuda.matmul.allow_tf32 = True
+    dependent_launch.ENABLED = not args.no_pdl
     config = moshiko()
     assert config.lm.context == CONTEXT
     result: dict[str, Any] = {
@@ -219,6 +226,7 @@ def main() -> int:
         "model": "moshiko 7B shapes, random weights, bf16, context 1500 frames",
         "kv_dtype": args.kv_dtype,
         "full_rings": args.full_rings,
+        "pdl": dependent_launch.ENABLED,
         "cadence": [],
         "reference": [],
     }

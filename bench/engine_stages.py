@@ -15,7 +15,11 @@ greedy) and captures each stage of `MoshiModel.device_step` as its own CUDA grap
 - `mimi_decode`: codes [slots, 8] -> pcm [slots, 1920], fp32, young rings likewise.
 
 `--per-op` also times the depformer with its per-op kernels (`few_rows` 0: no few-rows
-linear, kernels/fused_linear.py) as `depformer_per_op`, the before of that kernel.
+linear, kernels/fused_linear.py) as `depformer_per_op`, and the temporal stage with cuBLAS
+and the per-op kernels as `temporal_per_op`: the befores of the few-rows paths.
+`--pdl both` times every stage also with programmatic dependent launch off (`<stage>_no_pdl`,
+kernels/dependent_launch.py). `--temporal-tiles` times the temporal stage's few-rows path with
+each given fused_linear tile (`block_n:block_k:warps`, CUDA cores) as `temporal_tiles`.
 
 Reported per stage: median and p99 ms per replay (CUDA events, 50 replays after 5), and the
 number of kernels one eager run of the stage launches (torch profiler). The sum of the
@@ -38,16 +42,37 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch
 from gpu_timing import count_kernels, machine, replay_ms, summary  # bench/, this folder
 
+import kernels.fused_linear as fused_linear_module
 from engine.models.moshi.config import moshiko
+from engine.models.moshi.depformer import FEW_ROWS
 from engine.models.moshi.lm import MoshiLm
 from engine.models.moshi.mimi.codec import MimiCodec
 from engine.models.moshi.model import randomize
 from engine.models.moshi.sampling import Sampling, sample
+from kernels import dependent_launch
+from kernels.fused_linear import MAX_ROWS, Tiles
 
 log = logging.getLogger("engine_stages")
 
 
-def stages(slots: int, names: list[str], per_op: bool) -> dict[str, Any]:
+def timed(stage: Callable[[], object]) -> dict[str, Any]:
+    return summary(replay_ms(stage)) | {"kernels": count_kernels(stage)}
+
+
+def parse_tiles(spec: str) -> Tiles:
+    """`block_n:block_k:warps` -> CUDA-core Tiles."""
+    block_n, block_k, warps = (int(part) for part in spec.split(":"))
+    return Tiles(block_n=block_n, block_k=block_k, dot=False, warps=warps)
+
+
+def stages(
+    slots: int,
+    names: list[str],
+    per_op: bool,
+    pdl: str,
+    temporal_tiles: list[Tiles],
+    temporal_few_rows: int | None,
+) -> dict[str, Any]:
     config = moshiko()
     device = torch.device("cuda")
     greedy = Sampling(greedy=True, temperature=1.0, top_k=1)
@@ -59,6 +84,8 @@ def stages(slots: int, names: list[str], per_op: bool) -> dict[str, Any]:
     lm.eval()
     mimi.eval()
     lm.transformer.positions.fill_(2 * config.lm.context)  # every ring full
+    if temporal_few_rows is not None:
+        lm.transformer.few_rows = temporal_few_rows
     pcm = torch.randn(slots, config.mimi.frame_samples, device=device) * 0.1
     codes = torch.zeros(slots, config.lm.audio_codebooks, device=device, dtype=torch.long)
     tokens = torch.zeros(slots, 1, lm.delays.delays.shape[0], device=device, dtype=torch.long)
@@ -77,16 +104,35 @@ def stages(slots: int, names: list[str], per_op: bool) -> dict[str, Any]:
         "mimi_decode": lambda: mimi.decode(codes),
     }
     plan = {name: plan[name] for name in names}
-    row: dict[str, Any] = {"slots": slots}
+    row: dict[str, Any] = {"slots": slots, "temporal_few_rows": lm.transformer.few_rows}
+    modes = {"on": [True], "off": [False], "both": [True, False]}[pdl]
     with torch.no_grad():
-        for name, stage in plan.items():
-            row[name] = summary(replay_ms(stage)) | {"kernels": count_kernels(stage)}
-            log.info("%d slots %s %s", slots, name, row[name])
-        if per_op and "depformer" in plan:
-            lm.depformer.few_rows = 0
-            stage = plan["depformer"]
-            row["depformer_per_op"] = summary(replay_ms(stage)) | {"kernels": count_kernels(stage)}
-            log.info("%d slots depformer_per_op %s", slots, row["depformer_per_op"])
+        for enabled in modes:
+            dependent_launch.ENABLED = enabled
+            suffix = "" if enabled else "_no_pdl"
+            for name, stage in plan.items():
+                row[name + suffix] = timed(stage)
+                log.info("%d slots %s %s", slots, name + suffix, row[name + suffix])
+            if per_op and "depformer" in plan:
+                lm.depformer.few_rows = 0
+                row["depformer_per_op" + suffix] = timed(plan["depformer"])
+                lm.depformer.few_rows = FEW_ROWS
+            if per_op and "temporal" in plan:
+                few_rows, lm.transformer.few_rows = lm.transformer.few_rows, 0
+                row["temporal_per_op" + suffix] = timed(plan["temporal"])
+                lm.transformer.few_rows = few_rows
+        dependent_launch.ENABLED = True
+        if temporal_tiles and "temporal" in plan and slots <= MAX_ROWS:
+            few_rows, lm.transformer.few_rows = lm.transformer.few_rows, MAX_ROWS
+            default = fused_linear_module.default_tiles
+            row["temporal_tiles"] = {}
+            for tiles in temporal_tiles:
+                # swaps the launcher's choice for this bench only (an experiment's knob)
+                fused_linear_module.default_tiles = lambda *_, t=tiles: t
+                row["temporal_tiles"][str(tiles)] = timed(plan["temporal"])
+                log.info("%d slots temporal %s %s", slots, tiles, row["temporal_tiles"][str(tiles)])
+            fused_linear_module.default_tiles = default
+            lm.transformer.few_rows = few_rows
     row["sum_median_ms"] = round(sum(row[name]["median_ms"] for name in plan), 3)
     row["sum_kernels"] = sum(row[name]["kernels"] for name in plan)
     return row
@@ -98,7 +144,11 @@ def main() -> int:
     parser.add_argument("--json", type=Path)
     parser.add_argument("--stages", default="mimi_encode,temporal,depformer,mimi_decode")
     parser.add_argument("--per-op", action="store_true")
+    parser.add_argument("--pdl", choices=["on", "off", "both"], default="on")
+    parser.add_argument("--temporal-few-rows", type=int, help="default: the model's")
+    parser.add_argument("--temporal-tiles", default="", help="block_n:block_k:warps,...")
     args = parser.parse_args()
+    tiles = [parse_tiles(spec) for spec in args.temporal_tiles.split(",") if spec]
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
     torch.backends.cuda.matmul.allow_tf32 = True  # the engine's setting (build_model)
     result: dict[str, Any] = {
@@ -108,7 +158,10 @@ def main() -> int:
         "rows": [],
     }
     for slots in [int(s) for s in args.slots.split(",")]:
-        result["rows"].append(stages(slots, args.stages.split(","), args.per_op))
+        row = stages(
+            slots, args.stages.split(","), args.per_op, args.pdl, tiles, args.temporal_few_rows
+        )
+        result["rows"].append(row)
         torch.cuda.empty_cache()
         if args.json:
             args.json.write_text(json.dumps(result, indent=1))

@@ -24,6 +24,7 @@ import triton.language as tl  # type: ignore[import-not-found,import-untyped,unu
 from torch import Tensor
 
 from engine.models.moshi.lm import embed_streams as embed_sum_reference
+from kernels.dependent_launch import dependent, wait_for_inputs
 
 __all__ = ["embed_sum", "embed_sum_reference"]
 
@@ -40,7 +41,9 @@ def _embed_sum_kernel(  # type: ignore[no-untyped-def,unused-ignore]
     dim,
     streams: tl.constexpr,
     block: tl.constexpr,
+    pdl: tl.constexpr,
 ):
+    wait_for_inputs(pdl)
     row = tl.program_id(0).to(tl.int64)
     cols = tl.program_id(1) * block + tl.arange(0, block)
     inside = cols < dim
@@ -71,7 +74,18 @@ def embed_sum(tokens: Tensor, audio: Tensor, text: Tensor) -> Tensor:
     rows = tokens.reshape(-1, 1 + streams).contiguous()
     out = torch.empty(*tokens.shape[:-1], dim, device=audio.device, dtype=audio.dtype)
     grid = (rows.shape[0], triton.cdiv(dim, BLOCK))
+    pdl = dependent(out)
     _embed_sum_kernel[grid](
-        rows, audio, text, out, table_rows, dim, streams=streams, block=BLOCK, num_warps=4
+        rows,
+        audio,
+        text,
+        out,
+        table_rows,
+        dim,
+        streams=streams,
+        block=BLOCK,
+        num_warps=4,
+        pdl=pdl,
+        launch_pdl=pdl,
     )
     return out

@@ -76,6 +76,8 @@ import triton.language as tl  # type: ignore[import-not-found,import-untyped,unu
 from torch import Tensor
 from torch.nn import functional
 
+from kernels.dependent_launch import dependent, wait_for_inputs
+
 FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 MAX_ROWS = 16  # rows of one program; more rows would re-read the weight per row block
 STREAM = tl.constexpr("evict_first")  # the weights' cache policy (read once)
@@ -156,6 +158,19 @@ def _load_rows(  # type: ignore[no-untyped-def,unused-ignore]
 
 
 @triton.jit  # type: ignore[untyped-decorator,unused-ignore]
+def _weight_tiles(weight_rows, up_rows, col_in, cols, k, gated: tl.constexpr):  # type: ignore[no-untyped-def,unused-ignore]
+    """The [block_n, block_k] weight tile at columns `cols` (and its up tile when gated; else
+    the same tile again, unused). Each weight is read once: it need not stay in L2, the rows
+    do."""
+    tile = col_in[:, None] & (cols < k)[None, :]
+    w = tl.load(weight_rows + cols[None, :], mask=tile, other=0.0, eviction_policy=STREAM)
+    w_up = w
+    if gated:
+        w_up = tl.load(up_rows + cols[None, :], mask=tile, other=0.0, eviction_policy=STREAM)
+    return w, w_up
+
+
+@triton.jit  # type: ignore[untyped-decorator,unused-ignore]
 def _product(acc, x, w, dot: tl.constexpr, widen: tl.constexpr):  # type: ignore[no-untyped-def,unused-ignore]
     """acc [block_m, block_n] + x [block_m, block_k] @ w [block_n, block_k]^T, in fp32;
     `widen`: fp32 operands, full-precision products (no TF32)."""
@@ -195,6 +210,7 @@ def _fused_linear_kernel(  # type: ignore[no-untyped-def,unused-ignore]
     gated: tl.constexpr,
     dot: tl.constexpr,
     widen: tl.constexpr,
+    pdl: tl.constexpr,
 ):
     program = tl.program_id(0)
     row = tl.arange(0, block_m)
@@ -202,6 +218,13 @@ def _fused_linear_kernel(  # type: ignore[no-untyped-def,unused-ignore]
     col = program * block_n + tl.arange(0, block_n)
     col_in = col < n
     steps = tl.arange(0, block_k)
+    weight_rows = weight_ptr + col.to(tl.int64)[:, None] * stride_weight
+    up_rows = weight_ptr + (col + n).to(tl.int64)[:, None] * stride_weight
+    # the first weight tile is loaded before the wait: weights are never written in a tick,
+    # so under PDL this load overlaps the kernel before. Each later tile is loaded one
+    # iteration ahead (a tile past k is fully masked: no load is issued)
+    w, w_up = _weight_tiles(weight_rows, up_rows, col_in, steps, k, gated)
+    wait_for_inputs(pdl)
     if norm:
         sum_sq = tl.zeros([block_m], dtype=tl.float32)
         for start in range(0, k, block_k):
@@ -220,23 +243,21 @@ def _fused_linear_kernel(  # type: ignore[no-untyped-def,unused-ignore]
         inv = tl.rsqrt(eps + sum_sq / k)
     acc = tl.zeros([block_m, block_n], dtype=tl.float32)
     acc_up = tl.zeros([block_m, block_n], dtype=tl.float32)
-    weight_rows = weight_ptr + col.to(tl.int64)[:, None] * stride_weight
-    up_rows = weight_ptr + (col + n).to(tl.int64)[:, None] * stride_weight
     for start in range(0, k, block_k):
         cols = start + steps
         cols_in = cols < k
+        w_next, w_up_next = _weight_tiles(
+            weight_rows, up_rows, col_in, start + block_k + steps, k, gated
+        )
         inside = row_in[:, None] & cols_in[None, :]
         x = _load_rows(x_ptr, pending_ptr, stride_x, stride_pending, row, cols, inside, has_pending)
         if norm:
             alpha = tl.load(alpha_ptr + cols, mask=cols_in, other=0.0).to(tl.float32)
             x = (x.to(tl.float32) * (alpha[None, :] * inv[:, None])).to(x.dtype)
-        tile = col_in[:, None] & cols_in[None, :]
-        # each weight is read once: it need not stay in L2, the rows do
-        w = tl.load(weight_rows + cols[None, :], mask=tile, other=0.0, eviction_policy=STREAM)
         acc = _product(acc, x, w, dot, widen)
         if gated:
-            w_up = tl.load(up_rows + cols[None, :], mask=tile, other=0.0, eviction_policy=STREAM)
             acc_up = _product(acc_up, x, w_up, dot, widen)
+        w, w_up = w_next, w_up_next
     dtype = out_ptr.dtype.element_ty
     out = acc.to(dtype)
     if gated:
@@ -309,6 +330,7 @@ def _launch(
     if tiles.dot:
         block_m = max(16, block_m)  # the tensor cores' smallest tile
         assert min(tiles.block_n, tiles.block_k) >= 16, tiles
+    pdl = dependent(x)
     _fused_linear_kernel[(triton.cdiv(n, tiles.block_n),)](
         rows,
         pending_rows,
@@ -336,6 +358,8 @@ def _launch(
         # torch's fp32 linear is full fp32 (no TF32), and Triton's interpreter (3.9) gets
         # 16-bit tl.dot wrong: there 16-bit operands go in as fp32 (exact products, same sums)
         widen=x.dtype == torch.float32 or not x.is_cuda,
+        pdl=pdl,
+        launch_pdl=pdl,
         num_warps=tiles.warps,
         num_stages=tiles.stages,
     )

@@ -26,6 +26,8 @@ import triton.language as tl  # type: ignore[import-not-found,import-untyped,unu
 from torch import Tensor
 from torch.nn import functional
 
+from kernels.dependent_launch import dependent, wait_for_inputs
+
 BLOCK = 1024
 
 
@@ -42,7 +44,9 @@ def _gated_silu_kernel(  # type: ignore[no-untyped-def,unused-ignore]
     stride_h_row,
     hidden,
     block: tl.constexpr,
+    pdl: tl.constexpr,
 ):
+    wait_for_inputs(pdl)
     row = tl.program_id(0).to(tl.int64)
     cols = tl.program_id(1) * block + tl.arange(0, block)
     inside = cols < hidden
@@ -63,5 +67,8 @@ def gated_silu(h: Tensor) -> Tensor:
     rows = h.view(-1, 2 * hidden)
     out = torch.empty(*h.shape[:-1], hidden, device=h.device, dtype=h.dtype)
     grid = (rows.shape[0], triton.cdiv(hidden, BLOCK))
-    _gated_silu_kernel[grid](rows, out, rows.stride(0), hidden, block=BLOCK, num_warps=4)
+    pdl = dependent(h)
+    _gated_silu_kernel[grid](
+        rows, out, rows.stride(0), hidden, block=BLOCK, num_warps=4, pdl=pdl, launch_pdl=pdl
+    )
     return out

@@ -44,6 +44,7 @@ from engine.models.moshi.attention import (
     rope_frequencies,
     rope_kv_write,
 )
+from kernels.dependent_launch import dependent, wait_for_inputs
 
 # the quantization constants of attention.py, as compile-time constants of the kernel
 _FP8_MAX = tl.constexpr(FP8_MAX)
@@ -103,7 +104,9 @@ def _rope_append_kernel(  # type: ignore[no-untyped-def,unused-ignore]
     half: tl.constexpr,
     rotate: tl.constexpr,
     quantized: tl.constexpr,
+    pdl: tl.constexpr,
 ):
+    wait_for_inputs(pdl)
     row = tl.program_id(0)  # batch * steps + step
     head = tl.program_id(1)
     batch = row // steps
@@ -179,6 +182,7 @@ def rope_kv_append(
             assert scale.is_contiguous(), "scales must be contiguous"
             assert scale.device == qkv.device, "tensors on one device"
     q = torch.empty(batch, heads, steps, head_dim, device=qkv.device, dtype=qkv.dtype)
+    pdl = dependent(qkv)
     _rope_append_kernel[(batch * steps, heads)](
         qkv,
         start,
@@ -201,5 +205,7 @@ def rope_kv_append(
         num_warps=1,
         # each product rounded before the sum, as the torch ops round them
         enable_fp_fusion=False,
+        pdl=pdl,
+        launch_pdl=pdl,
     )
     return q

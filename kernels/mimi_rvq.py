@@ -30,6 +30,8 @@ import triton.language as tl  # type: ignore[import-not-found,import-untyped,unu
 from torch import Tensor
 from torch.nn import functional
 
+from kernels.dependent_launch import dependent, wait_for_inputs
+
 
 def assign_nearest_reference(
     scores: Tensor, codebook: Tensor, residual: Tensor, codes: Tensor, index: int
@@ -51,7 +53,9 @@ def _assign_nearest_kernel(  # type: ignore[no-untyped-def,unused-ignore]
     index,
     block_bins: tl.constexpr,
     block_dim: tl.constexpr,
+    pdl: tl.constexpr,
 ):
+    wait_for_inputs(pdl)
     row = tl.program_id(0).to(tl.int64)
     bin_ids = tl.arange(0, block_bins)
     scores = tl.load(scores_ptr + row * bins + bin_ids, mask=bin_ids < bins, other=float("inf"))
@@ -81,6 +85,7 @@ def assign_nearest(
         assert tensor.dtype == torch.float32, tensor.dtype
         assert tensor.is_contiguous(), "scores, codebook and residual must be contiguous"
         assert tensor.device == codes.device, "tensors on one device"
+    pdl = dependent(codes)
     _assign_nearest_kernel[(rows,)](
         scores,
         codebook,
@@ -93,6 +98,8 @@ def assign_nearest(
         block_bins=triton.next_power_of_2(bins),
         block_dim=triton.next_power_of_2(dim),
         num_warps=8,
+        pdl=pdl,
+        launch_pdl=pdl,
     )
 
 
@@ -114,7 +121,9 @@ def _codebook_sum_kernel(  # type: ignore[no-untyped-def,unused-ignore]
     first,
     codebooks: tl.constexpr,
     block_dim: tl.constexpr,
+    pdl: tl.constexpr,
 ):
+    wait_for_inputs(pdl)
     row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, block_dim)
     inside = cols < dim
@@ -138,6 +147,7 @@ def codebook_sum(codes: Tensor, first: int, codebooks: Tensor) -> Tensor:
     assert codebooks.is_contiguous(), codebooks.stride()
     assert codes.device == codebooks.device, "tensors on one device"
     out = torch.empty(rows, dim, device=codes.device, dtype=torch.float32)
+    pdl = dependent(codes)
     _codebook_sum_kernel[(rows,)](
         codes,
         codebooks,
@@ -149,5 +159,7 @@ def codebook_sum(codes: Tensor, first: int, codebooks: Tensor) -> Tensor:
         codebooks=count,
         block_dim=triton.next_power_of_2(dim),
         num_warps=2,
+        pdl=pdl,
+        launch_pdl=pdl,
     )
     return out

@@ -78,6 +78,8 @@ import triton.language as tl  # type: ignore[import-not-found,import-untyped,unu
 from torch import Tensor
 from torch.nn import functional
 
+from kernels.dependent_launch import dependent, wait_for_inputs
+
 # The step kernel's shape, module-level and read at each launch, so that bench/mimi_gpu.py can
 # sweep them and run the codec with the best. Measured best at 128 and 300 slots (H200, full
 # 250-frame rings, bench/results/mimi_gpu.json's attention_sweep): one program per
@@ -162,7 +164,9 @@ def _ring_attention_step_kernel(  # type: ignore[no-untyped-def,unused-ignore]
     block_n: tl.constexpr,
     empty: tl.constexpr,
     direct: tl.constexpr,
+    pdl: tl.constexpr,
 ):
+    wait_for_inputs(pdl)
     row = tl.program_id(0)  # slot * heads + head
     split = tl.program_id(1)
     slot = row // heads
@@ -252,7 +256,9 @@ def _ring_combine_kernel(  # type: ignore[no-untyped-def,unused-ignore]
     steps: tl.constexpr,
     splits_pow2: tl.constexpr,
     empty: tl.constexpr,
+    pdl: tl.constexpr,
 ):
+    wait_for_inputs(pdl)
     row = tl.program_id(0)  # slot * heads + head
     slot = row // heads
     head = row % heads
@@ -322,6 +328,7 @@ def ring_attention_step(
     part_max = torch.empty(partials, device=qkv.device, dtype=torch.float32)
     part_sum = torch.empty(partials, device=qkv.device, dtype=torch.float32)
     part_acc = torch.empty(partials, head_dim, device=qkv.device, dtype=torch.float32)
+    pdl = dependent(qkv)
     _ring_attention_step_kernel[(rows, splits)](
         qkv,
         cos,
@@ -345,6 +352,8 @@ def ring_attention_step(
         empty=EMPTY_MAX,
         direct=splits == 1,
         num_warps=num_warps,
+        pdl=pdl,
+        launch_pdl=pdl,
     )
     if splits > 1:
         _ring_combine_kernel[(rows,)](
@@ -359,6 +368,8 @@ def ring_attention_step(
             splits_pow2=triton.next_power_of_2(splits),
             empty=EMPTY_MAX,
             num_warps=2,
+            pdl=pdl,
+            launch_pdl=pdl,
         )
     return out
 
@@ -383,7 +394,9 @@ def _residual_layer_norm_kernel(  # type: ignore[no-untyped-def,unused-ignore]
     dim,
     eps,
     block: tl.constexpr,
+    pdl: tl.constexpr,
 ):
+    wait_for_inputs(pdl)
     token = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, block)
     inside = cols < dim
@@ -417,6 +430,7 @@ def residual_layer_norm(
         assert vector.shape == (dim,), (vector.shape, dim)
     total = torch.empty_like(x)
     normed = torch.empty_like(x)
+    pdl = dependent(x)
     _residual_layer_norm_kernel[(x.numel() // dim,)](
         x,
         update,
@@ -429,5 +443,7 @@ def residual_layer_norm(
         eps,
         block=triton.next_power_of_2(dim),
         num_warps=4,
+        pdl=pdl,
+        launch_pdl=pdl,
     )
     return total, normed

@@ -71,6 +71,7 @@ import triton.language as tl  # type: ignore[import-not-found,import-untyped,unu
 from torch import Tensor
 
 from engine.models.moshi.attention import FP8_MAX, KV_FP8, KV_SCALE_DTYPE
+from kernels.dependent_launch import dependent, wait_for_inputs
 
 # the pass-1 program; module-level and read at each launch, so the bench can sweep them
 BLOCK_N = 32  # ring entries per tile: a 32 x 128 bf16 tile of K is 8 KiB
@@ -127,10 +128,12 @@ def _ring_split_kernel(  # type: ignore[no-untyped-def,unused-ignore]
     block_n: tl.constexpr,
     empty: tl.constexpr,
     precision: tl.constexpr,
+    pdl: tl.constexpr,
 ):
     """Pass 1 over rings in q's dtype: the query is repeated over the 16 rows a tensor-core dot
     needs, so the tile reductions are matrix products fed straight from the (pipelined) K/V
     loads."""
+    wait_for_inputs(pdl)
     row = tl.program_id(0)  # slot * heads + head
     split = tl.program_id(1)
     slot = row // heads
@@ -204,6 +207,7 @@ def _ring_split_fp8_kernel(  # type: ignore[no-untyped-def,unused-ignore]
     block_n: tl.constexpr,
     groups: tl.constexpr,
     empty: tl.constexpr,
+    pdl: tl.constexpr,
 ):
     """Pass 1 over fp8 rings: the ring entries are the rows of the score product (K q^T, the
     tile straight from shared memory as an e4m3 operand, no conversion), and the value tile is
@@ -215,6 +219,7 @@ def _ring_split_fp8_kernel(  # type: ignore[no-untyped-def,unused-ignore]
     group g, and a thread holds all `rounds` rows of its group for 16 bytes of head_dim, so
     the value rows are summed in registers and each group keeps its own running max, sum and
     accumulator; the groups are merged once, after the loop."""
+    wait_for_inputs(pdl)
     rounds: tl.constexpr = block_n // groups
     row = tl.program_id(0)  # slot * heads + head
     split = tl.program_id(1)
@@ -307,7 +312,9 @@ def _ring_combine_kernel(  # type: ignore[no-untyped-def,unused-ignore]
     head_dim: tl.constexpr,
     splits_pow2: tl.constexpr,
     empty: tl.constexpr,
+    pdl: tl.constexpr,
 ):
+    wait_for_inputs(pdl)
     row = tl.program_id(0)
     parts = tl.arange(0, splits_pow2)
     present = parts < splits
@@ -398,6 +405,7 @@ def ring_attention(
     part_acc = torch.empty(rows * splits, head_dim, device=q.device, dtype=torch.float32)
     out = torch.empty(slots, heads, head_dim, device=q.device, dtype=q.dtype)
     qk_scale_log2 = math.log2(math.e) / math.sqrt(head_dim)
+    pdl = dependent(q)
     if scales is None:
         _ring_split_kernel[(rows, splits)](
             q,
@@ -422,6 +430,8 @@ def ring_attention(
             precision="ieee" if q.dtype == torch.float32 else None,
             num_warps=num_warps,
             num_stages=num_stages,
+            pdl=pdl,
+            launch_pdl=pdl,
         )
     else:
         # a thread loads 16 bytes of an entry: one pass of the program over the tile covers
@@ -451,6 +461,8 @@ def ring_attention(
             empty=EMPTY_MAX,
             num_warps=num_warps,
             num_stages=num_stages,
+            pdl=pdl,
+            launch_pdl=pdl,
         )
     _ring_combine_kernel[(rows,)](
         part_max,
@@ -462,5 +474,7 @@ def ring_attention(
         splits_pow2=triton.next_power_of_2(splits),
         empty=EMPTY_MAX,
         num_warps=4,
+        pdl=pdl,
+        launch_pdl=pdl,
     )
     return out

@@ -33,6 +33,8 @@ import triton  # type: ignore[import-not-found,import-untyped,unused-ignore]
 import triton.language as tl  # type: ignore[import-not-found,import-untyped,unused-ignore]
 from torch import Tensor
 
+from kernels.dependent_launch import dependent, wait_for_inputs
+
 FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
 
@@ -56,10 +58,14 @@ def _rms_norm_kernel(  # type: ignore[no-untyped-def,unused-ignore]
     eps,
     block: tl.constexpr,
     has_residual: tl.constexpr,
+    pdl: tl.constexpr,
 ):
     row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, block)
     inside = cols < dim
+    # the gain is a weight (never written in a tick): loaded before the wait
+    alpha = tl.load(alpha_ptr + cols, mask=inside, other=0.0).to(tl.float32)
+    wait_for_inputs(pdl)
     x = tl.load(x_ptr + row * stride_x_row + cols, mask=inside, other=0.0)
     if has_residual:
         residual = tl.load(residual_ptr + row * stride_residual_row + cols, mask=inside, other=0.0)
@@ -67,7 +73,6 @@ def _rms_norm_kernel(  # type: ignore[no-untyped-def,unused-ignore]
         tl.store(total_ptr + row * dim + cols, x, mask=inside)
     x_f32 = x.to(tl.float32)
     var = eps + tl.sum(x_f32 * x_f32, axis=0) / dim
-    alpha = tl.load(alpha_ptr + cols, mask=inside, other=0.0).to(tl.float32)
     normed = x_f32 * (alpha * tl.rsqrt(var))
     tl.store(normed_ptr + row * dim + cols, normed.to(x.dtype), mask=inside)
 
@@ -96,6 +101,7 @@ def _launch(x: Tensor, residual: Tensor | None, alpha: Tensor, eps: float) -> tu
         residual_rows = _rows(residual, dim)
         total = torch.empty(x.shape, device=x.device, dtype=x.dtype)
     block = triton.next_power_of_2(dim)
+    pdl = dependent(x)
     _rms_norm_kernel[(rows.shape[0],)](
         rows,
         residual_rows,
@@ -110,6 +116,8 @@ def _launch(x: Tensor, residual: Tensor | None, alpha: Tensor, eps: float) -> tu
         has_residual=residual is not None,
         # 16-byte loads of bf16 at dim 4096 with 8 warps; fewer warps for narrow rows
         num_warps=max(1, min(16, block // 512)),
+        pdl=pdl,
+        launch_pdl=pdl,
     )
     return total, normed
 

@@ -42,6 +42,8 @@ import triton  # type: ignore[import-not-found,import-untyped,unused-ignore]
 import triton.language as tl  # type: ignore[import-not-found,import-untyped,unused-ignore]
 from torch import Tensor
 
+from kernels.dependent_launch import dependent, wait_for_inputs
+
 
 def step_attention_reference(qkv: Tensor, keys: Tensor, values: Tensor, step: int) -> Tensor:
     """Writes step's key and value into the scratch, returns fp32 attention in qkv's dtype."""
@@ -69,7 +71,9 @@ def _step_attention_kernel(  # type: ignore[no-untyped-def,unused-ignore]
     scale,
     head_dim: tl.constexpr,
     steps_pow2: tl.constexpr,
+    pdl: tl.constexpr,
 ):
+    wait_for_inputs(pdl)
     row = tl.program_id(0)  # slot * heads + head
     slot = row // heads
     head = row % heads
@@ -111,6 +115,7 @@ def step_attention(qkv: Tensor, keys: Tensor, values: Tensor, step: int) -> Tens
     assert head_dim in (16, 32, 64, 128), f"head_dim {head_dim} must be a power of two"
     assert 0 <= step < steps, (step, steps)
     out = torch.empty(slots, heads * head_dim, device=qkv.device, dtype=qkv.dtype)
+    pdl = dependent(qkv)
     _step_attention_kernel[(slots * heads,)](
         qkv,
         keys,
@@ -124,5 +129,7 @@ def step_attention(qkv: Tensor, keys: Tensor, values: Tensor, step: int) -> Tens
         head_dim=head_dim,
         steps_pow2=triton.next_power_of_2(steps),
         num_warps=1,
+        pdl=pdl,
+        launch_pdl=pdl,
     )
     return out

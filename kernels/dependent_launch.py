@@ -1,0 +1,54 @@
+"""Programmatic dependent launch (PDL) for Cadence's Triton kernels.
+
+On Hopper a kernel launched with PDL may start while the kernel before it in the stream is
+still running: its programs are placed and run up to `wait_for_inputs`, which blocks until
+the previous kernel has finished and its writes are visible, then lets the next kernel start
+the same way. A tick at one call is ~1,100 kernels of a few microseconds each, so the launch,
+the first loads and the last programs of each kernel are a large share of the tick; with PDL
+they overlap the kernel before. Inside a CUDA graph the capture keeps these as programmatic
+edges between kernel nodes.
+
+The rules every kernel here follows, so that any order of PDL and ordinary kernels is safe:
+
+- before `wait_for_inputs` a program reads only what no kernel of the tick writes (weights,
+  norm gains, RoPE frequencies) and writes nothing;
+- every program calls `wait_for_inputs` (a program that skipped it could finish, and let
+  the next kernel start, before the previous kernel's writes are visible).
+
+A kernel takes `pdl: tl.constexpr` and its launcher passes `pdl=on, launch_pdl=on` with
+`on = dependent(tensor)`: True for CUDA tensors on compute capability 9.0 or newer while
+ENABLED; False on the CPU and in Triton's interpreter, where the waits compile away.
+"""
+
+import functools
+
+import torch
+import triton  # type: ignore[import-not-found,import-untyped,unused-ignore]
+import triton.language as tl  # type: ignore[import-not-found,import-untyped,unused-ignore]
+from torch import Tensor
+
+# Read at every launch (and so once per captured graph): benches switch it off to compare;
+# set it before a graph is captured.
+ENABLED = True
+
+
+@functools.cache
+def _supported(device_index: int) -> bool:
+    major, _ = torch.cuda.get_device_capability(device_index)
+    return major >= 9
+
+
+def dependent(x: Tensor) -> bool:
+    """Whether kernels working on x launch with PDL."""
+    if not (ENABLED and x.is_cuda):
+        return False
+    index = x.device.index if x.device.index is not None else torch.cuda.current_device()
+    return _supported(index)
+
+
+@triton.jit  # type: ignore[untyped-decorator,unused-ignore]
+def wait_for_inputs(pdl: tl.constexpr):  # type: ignore[no-untyped-def,unused-ignore]
+    """Block until the previous kernel's writes are visible, then let the next kernel start."""
+    if pdl:
+        tl.extra.cuda.gdc_wait()
+        tl.extra.cuda.gdc_launch_dependents()
