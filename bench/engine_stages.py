@@ -18,8 +18,9 @@ greedy) and captures each stage of `MoshiModel.device_step` as its own CUDA grap
 linear, kernels/fused_linear.py) as `depformer_per_op`, and the temporal stage with cuBLAS
 and the per-op kernels as `temporal_per_op`: the befores of the few-rows paths.
 `--pdl both` times every stage also with programmatic dependent launch off (`<stage>_no_pdl`,
-kernels/dependent_launch.py). `--temporal-tiles` times the temporal stage's few-rows path with
-each given fused_linear tile (`block_n:block_k:warps`, CUDA cores) as `temporal_tiles`.
+kernels/dependent_launch.py). `--tiles` times the temporal and depformer stages' few-rows
+paths with each given fused_linear tile (`block_n:block_k:warps[:programs_per_sm]`, CUDA
+cores) as `<stage>_tiles`.
 
 Reported per stage: median and p99 ms per replay (CUDA events, 50 replays after 5), and the
 number of kernels one eager run of the stage launches (torch profiler). The sum of the
@@ -60,9 +61,9 @@ def timed(stage: Callable[[], object]) -> dict[str, Any]:
 
 
 def parse_tiles(spec: str) -> Tiles:
-    """`block_n:block_k:warps` -> CUDA-core Tiles."""
-    block_n, block_k, warps = (int(part) for part in spec.split(":"))
-    return Tiles(block_n=block_n, block_k=block_k, dot=False, warps=warps)
+    """`block_n:block_k:warps[:programs_per_sm]` -> CUDA-core Tiles."""
+    block_n, block_k, warps, *per_sm = (int(part) for part in spec.split(":"))
+    return Tiles(block_n, block_k, False, warps, programs_per_sm=per_sm[0] if per_sm else 0)
 
 
 def stages(
@@ -70,7 +71,7 @@ def stages(
     names: list[str],
     per_op: bool,
     pdl: str,
-    temporal_tiles: list[Tiles],
+    tiles_swept: list[Tiles],
     temporal_few_rows: int | None,
 ) -> dict[str, Any]:
     config = moshiko()
@@ -122,17 +123,22 @@ def stages(
                 row["temporal_per_op" + suffix] = timed(plan["temporal"])
                 lm.transformer.few_rows = few_rows
         dependent_launch.ENABLED = True
-        if temporal_tiles and "temporal" in plan and slots <= MAX_ROWS:
-            few_rows, lm.transformer.few_rows = lm.transformer.few_rows, MAX_ROWS
+        swept = [name for name in ("temporal", "depformer") if name in plan]
+        if tiles_swept and swept and slots <= MAX_ROWS:
+            kept = lm.transformer.few_rows, lm.depformer.few_rows
+            lm.transformer.few_rows = lm.depformer.few_rows = MAX_ROWS
             default = fused_linear_module.default_tiles
-            row["temporal_tiles"] = {}
-            for tiles in temporal_tiles:
-                # swaps the launcher's choice for this bench only (an experiment's knob)
-                fused_linear_module.default_tiles = lambda *_, t=tiles: t
-                row["temporal_tiles"][str(tiles)] = timed(plan["temporal"])
-                log.info("%d slots temporal %s %s", slots, tiles, row["temporal_tiles"][str(tiles)])
+            for name in swept:
+                row[name + "_tiles"] = {}
+                for tiles in tiles_swept:
+                    # swaps the launcher's choice for this bench only (an experiment's knob)
+                    fused_linear_module.default_tiles = lambda *_, t=tiles: t
+                    row[name + "_tiles"][str(tiles)] = timed(plan[name])
+                    log.info(
+                        "%d slots %s %s %s", slots, name, tiles, row[name + "_tiles"][str(tiles)]
+                    )
             fused_linear_module.default_tiles = default
-            lm.transformer.few_rows = few_rows
+            lm.transformer.few_rows, lm.depformer.few_rows = kept
     row["sum_median_ms"] = round(sum(row[name]["median_ms"] for name in plan), 3)
     row["sum_kernels"] = sum(row[name]["kernels"] for name in plan)
     return row
@@ -146,9 +152,11 @@ def main() -> int:
     parser.add_argument("--per-op", action="store_true")
     parser.add_argument("--pdl", choices=["on", "off", "both"], default="on")
     parser.add_argument("--temporal-few-rows", type=int, help="default: the model's")
-    parser.add_argument("--temporal-tiles", default="", help="block_n:block_k:warps,...")
+    parser.add_argument(
+        "--tiles", default="", help="block_n:block_k:warps[:programs_per_sm],..."
+    )
     args = parser.parse_args()
-    tiles = [parse_tiles(spec) for spec in args.temporal_tiles.split(",") if spec]
+    tiles = [parse_tiles(spec) for spec in args.tiles.split(",") if spec]
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
     torch.backends.cuda.matmul.allow_tf32 = True  # the engine's setting (build_model)
     result: dict[str, Any] = {

@@ -68,6 +68,7 @@ Measured on one H200 (torch 2.11, Triton 3.6, bf16, random weights, CUDA graphs)
   token test with this path (tests/kernels/test_layer_kernels.py; it passes interpreted).
 """
 
+import functools
 from dataclasses import dataclass
 
 import torch
@@ -94,6 +95,9 @@ class Tiles:
     dot: bool
     warps: int = 4
     stages: int = 3
+    # at most this many programs per multiprocessor, each then taking several column blocks
+    # (0: one program per block)
+    programs_per_sm: int = 0
 
 
 def default_tiles(rows: int, n: int, k: int) -> Tiles:
@@ -158,15 +162,17 @@ def _load_rows(  # type: ignore[no-untyped-def,unused-ignore]
 
 
 @triton.jit  # type: ignore[untyped-decorator,unused-ignore]
-def _weight_tiles(weight_rows, up_rows, col_in, cols, k, gated: tl.constexpr):  # type: ignore[no-untyped-def,unused-ignore]
-    """The [block_n, block_k] weight tile at columns `cols` (and its up tile when gated; else
-    the same tile again, unused). Each weight is read once: it need not stay in L2, the rows
-    do."""
-    tile = col_in[:, None] & (cols < k)[None, :]
-    w = tl.load(weight_rows + cols[None, :], mask=tile, other=0.0, eviction_policy=STREAM)
+def _weight_tiles(weight_ptr, stride_weight, n, k, col, cols, gated: tl.constexpr):  # type: ignore[no-untyped-def,unused-ignore]
+    """The [block_n, block_k] weight tile of output columns `col` at reduction columns `cols`
+    (and its up tile when gated; else the same tile again, unused). Each weight is read once:
+    it need not stay in L2, the rows do."""
+    tile = (col < n)[:, None] & (cols < k)[None, :]
+    offsets = col.to(tl.int64)[:, None] * stride_weight + cols[None, :]
+    w = tl.load(weight_ptr + offsets, mask=tile, other=0.0, eviction_policy=STREAM)
     w_up = w
     if gated:
-        w_up = tl.load(up_rows + cols[None, :], mask=tile, other=0.0, eviction_policy=STREAM)
+        up = (col + n).to(tl.int64)[:, None] * stride_weight + cols[None, :]
+        w_up = tl.load(weight_ptr + up, mask=tile, other=0.0, eviction_policy=STREAM)
     return w, w_up
 
 
@@ -213,17 +219,22 @@ def _fused_linear_kernel(  # type: ignore[no-untyped-def,unused-ignore]
     pdl: tl.constexpr,
 ):
     program = tl.program_id(0)
+    programs = tl.num_programs(0)
     row = tl.arange(0, block_m)
     row_in = row < rows
-    col = program * block_n + tl.arange(0, block_n)
-    col_in = col < n
+    lanes = tl.arange(0, block_n)
     steps = tl.arange(0, block_k)
-    weight_rows = weight_ptr + col.to(tl.int64)[:, None] * stride_weight
-    up_rows = weight_ptr + (col + n).to(tl.int64)[:, None] * stride_weight
+    # this program's column blocks are program, program + programs, ... (the grid may be
+    # smaller than the block count: then the norm below is computed once for several blocks);
+    # its tiles are walked in one flat loop, block after block, k fastest
+    k_tiles = tl.cdiv(k, block_k)
+    tiles = tl.cdiv(tl.cdiv(n, block_n) - program, programs) * k_tiles
     # the first weight tile is loaded before the wait: weights are never written in a tick,
     # so under PDL this load overlaps the kernel before. Each later tile is loaded one
-    # iteration ahead (a tile past k is fully masked: no load is issued)
-    w, w_up = _weight_tiles(weight_rows, up_rows, col_in, steps, k, gated)
+    # iteration ahead (a tile past the last is fully masked: no load is issued)
+    w, w_up = _weight_tiles(
+        weight_ptr, stride_weight, n, k, program * block_n + lanes, steps, gated
+    )
     wait_for_inputs(pdl)
     if norm:
         sum_sq = tl.zeros([block_m], dtype=tl.float32)
@@ -243,12 +254,17 @@ def _fused_linear_kernel(  # type: ignore[no-untyped-def,unused-ignore]
         inv = tl.rsqrt(eps + sum_sq / k)
     acc = tl.zeros([block_m, block_n], dtype=tl.float32)
     acc_up = tl.zeros([block_m, block_n], dtype=tl.float32)
-    for start in range(0, k, block_k):
-        cols = start + steps
-        cols_in = cols < k
+    for tile in range(0, tiles):
+        k_tile = tile % k_tiles
+        col = (program + (tile // k_tiles) * programs) * block_n + lanes
+        after = tile + 1
+        next_col = (program + (after // k_tiles) * programs) * block_n + lanes
+        next_col = tl.where(after < tiles, next_col, n)  # past the last tile: masked out
         w_next, w_up_next = _weight_tiles(
-            weight_rows, up_rows, col_in, start + block_k + steps, k, gated
+            weight_ptr, stride_weight, n, k, next_col, (after % k_tiles) * block_k + steps, gated
         )
+        cols = k_tile * block_k + steps
+        cols_in = cols < k
         inside = row_in[:, None] & cols_in[None, :]
         x = _load_rows(x_ptr, pending_ptr, stride_x, stride_pending, row, cols, inside, has_pending)
         if norm:
@@ -258,19 +274,60 @@ def _fused_linear_kernel(  # type: ignore[no-untyped-def,unused-ignore]
         if gated:
             acc_up = _product(acc_up, x, w_up, dot, widen)
         w, w_up = w_next, w_up_next
+        if k_tile == k_tiles - 1:
+            _store_block(
+                acc,
+                acc_up,
+                residual_ptr,
+                out_ptr,
+                stride_residual,
+                n,
+                row,
+                row_in,
+                col,
+                has_residual,
+                gated,
+            )
+            acc = tl.zeros([block_m, block_n], dtype=tl.float32)
+            acc_up = tl.zeros([block_m, block_n], dtype=tl.float32)
+
+
+@triton.jit  # type: ignore[untyped-decorator,unused-ignore]
+def _store_block(  # type: ignore[no-untyped-def,unused-ignore]
+    acc,
+    acc_up,
+    residual_ptr,
+    out_ptr,
+    stride_residual,
+    n,
+    row,
+    row_in,
+    col,
+    has_residual: tl.constexpr,
+    gated: tl.constexpr,
+):
+    """The epilogue of one column block: rounding, the gate or the residual, the store."""
     dtype = out_ptr.dtype.element_ty
     out = acc.to(dtype)
     if gated:
         gate = out.to(tl.float32)
         silu = (gate / (1.0 + tl.exp(-gate))).to(dtype)
         out = (silu.to(tl.float32) * acc_up.to(dtype).to(tl.float32)).to(dtype)
-    written = row_in[:, None] & col_in[None, :]
+    written = row_in[:, None] & (col < n)[None, :]
     if has_residual:
         residual = tl.load(
             residual_ptr + row[:, None] * stride_residual + col[None, :], mask=written, other=0.0
         )
         out = (residual.to(tl.float32) + out.to(tl.float32)).to(dtype)
     tl.store(out_ptr + row[:, None] * n + col[None, :], out, mask=written)
+
+
+@functools.cache
+def _multiprocessors(device: torch.device) -> int:
+    """The device's multiprocessors; 1 off CUDA (Triton's interpreter runs one at a time)."""
+    if device.type != "cuda":
+        return 1
+    return int(torch.cuda.get_device_properties(device).multi_processor_count)
 
 
 def _rows(x: Tensor, width: int, name: str) -> Tensor:
@@ -330,8 +387,11 @@ def _launch(
     if tiles.dot:
         block_m = max(16, block_m)  # the tensor cores' smallest tile
         assert min(tiles.block_n, tiles.block_k) >= 16, tiles
+    programs = triton.cdiv(n, tiles.block_n)
+    if tiles.programs_per_sm:
+        programs = min(programs, tiles.programs_per_sm * _multiprocessors(x.device))
     pdl = dependent(x)
-    _fused_linear_kernel[(triton.cdiv(n, tiles.block_n),)](
+    _fused_linear_kernel[(programs,)](
         rows,
         pending_rows,
         rows if alpha is None else alpha,

@@ -27,6 +27,12 @@ EPS = 1e-8
 # Triton's interpreter truncates fp32 -> bf16 instead of rounding (see test_layer_kernels)
 INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
 SMALL_TILES = [Tiles(block_n=16, block_k=32, dot=True), Tiles(block_n=8, block_k=32, dot=False)]
+# a grid smaller than the column blocks (interpreted: programs_per_sm programs in all), so
+# programs walk several blocks, unevenly: 40 columns are 3 blocks of 16 and 5 of 8
+FEW_PROGRAM_TILES = [
+    Tiles(block_n=16, block_k=32, dot=True, programs_per_sm=1),
+    Tiles(block_n=8, block_k=32, dot=False, programs_per_sm=2),
+]
 # the modes of the module docstring: (norm, pending, residual, gated)
 MODES = {
     "plain": (False, False, False, False),
@@ -114,6 +120,14 @@ def test_interpreted_modes_match_reference(mode: str, dtype: torch.dtype, tiles:
 
 @interpreter
 @needs_cpu
+@pytest.mark.parametrize("tiles", FEW_PROGRAM_TILES, ids=["dot", "cuda_cores"])
+@pytest.mark.parametrize("mode", ["norm_pending", "residual", "norm_gated"])
+def test_interpreted_programs_over_several_blocks(mode: str, tiles: Tiles) -> None:
+    _check(mode, 3, 40, 72, torch.float32, tiles)
+
+
+@interpreter
+@needs_cpu
 @pytest.mark.parametrize("rows", [1, 2, MAX_ROWS])
 def test_interpreted_row_counts(rows: int) -> None:
     _check("norm_pending", rows, 24, 48, torch.float32, SMALL_TILES[0])
@@ -163,7 +177,9 @@ def test_seven_b_shapes_bf16(mode: str, n: int, k: int, rows: int) -> None:
 @gpu
 @needs_cuda
 @pytest.mark.parametrize(
-    "tiles", [Tiles(32, 128, True), Tiles(4, 512, False)], ids=["dot", "cuda_cores"]
+    "tiles",
+    [Tiles(32, 128, True), Tiles(4, 512, False), Tiles(4, 512, False, programs_per_sm=1)],
+    ids=["dot", "cuda_cores", "cuda_cores_few_programs"],
 )
 @pytest.mark.parametrize("mode", list(MODES))
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
