@@ -15,12 +15,12 @@ greedy) and captures each stage of `MoshiModel.device_step` as its own CUDA grap
 - `mimi_decode`: codes [slots, 8] -> pcm [slots, 1920], fp32, young rings likewise.
 
 `--per-op` also times the depformer with its per-op kernels (`few_rows` 0: no few-rows
-linear, kernels/fused_linear.py) as `depformer_per_op`, and the temporal stage with cuBLAS
-and the per-op kernels as `temporal_per_op`: the befores of the few-rows paths.
+linear, kernels/fused_linear.py) as `depformer_per_op`, the before of that kernel.
 `--pdl both` times every stage also with programmatic dependent launch off (`<stage>_no_pdl`,
-kernels/dependent_launch.py). `--tiles` times the temporal and depformer stages' few-rows
-paths with each given fused_linear tile (`block_n:block_k:warps[:programs_per_sm]`, CUDA
-cores) as `<stage>_tiles`.
+kernels/dependent_launch.py). `--tiles` times the depformer's few-rows path with each given
+fused_linear tile (`block_n:block_k:warps[:programs_per_sm]`, CUDA cores) as
+`depformer_tiles`. `--pdl-skip` names kernels that launch without PDL in every run
+(kernels/dependent_launch.SKIPPED).
 
 Reported per stage: median and p99 ms per replay (CUDA events, 50 replays after 5), and the
 number of kernels one eager run of the stage launches (torch profiler). The sum of the
@@ -51,7 +51,7 @@ from engine.models.moshi.mimi.codec import MimiCodec
 from engine.models.moshi.model import randomize
 from engine.models.moshi.sampling import Sampling, sample
 from kernels import dependent_launch
-from kernels.fused_linear import MAX_ROWS, Tiles
+from kernels.fused_linear import Tiles
 
 log = logging.getLogger("engine_stages")
 
@@ -72,7 +72,6 @@ def stages(
     per_op: bool,
     pdl: str,
     tiles_swept: list[Tiles],
-    temporal_few_rows: int | None,
 ) -> dict[str, Any]:
     config = moshiko()
     device = torch.device("cuda")
@@ -85,8 +84,6 @@ def stages(
     lm.eval()
     mimi.eval()
     lm.transformer.positions.fill_(2 * config.lm.context)  # every ring full
-    if temporal_few_rows is not None:
-        lm.transformer.few_rows = temporal_few_rows
     pcm = torch.randn(slots, config.mimi.frame_samples, device=device) * 0.1
     codes = torch.zeros(slots, config.lm.audio_codebooks, device=device, dtype=torch.long)
     tokens = torch.zeros(slots, 1, lm.delays.delays.shape[0], device=device, dtype=torch.long)
@@ -105,7 +102,7 @@ def stages(
         "mimi_decode": lambda: mimi.decode(codes),
     }
     plan = {name: plan[name] for name in names}
-    row: dict[str, Any] = {"slots": slots, "temporal_few_rows": lm.transformer.few_rows}
+    row: dict[str, Any] = {"slots": slots, "pdl_skipped": sorted(dependent_launch.SKIPPED)}
     modes = {"on": [True], "off": [False], "both": [True, False]}[pdl]
     with torch.no_grad():
         for enabled in modes:
@@ -118,27 +115,18 @@ def stages(
                 lm.depformer.few_rows = 0
                 row["depformer_per_op" + suffix] = timed(plan["depformer"])
                 lm.depformer.few_rows = FEW_ROWS
-            if per_op and "temporal" in plan:
-                few_rows, lm.transformer.few_rows = lm.transformer.few_rows, 0
-                row["temporal_per_op" + suffix] = timed(plan["temporal"])
-                lm.transformer.few_rows = few_rows
         dependent_launch.ENABLED = True
-        swept = [name for name in ("temporal", "depformer") if name in plan]
-        if tiles_swept and swept and slots <= MAX_ROWS:
-            kept = lm.transformer.few_rows, lm.depformer.few_rows
-            lm.transformer.few_rows = lm.depformer.few_rows = MAX_ROWS
+        if tiles_swept and "depformer" in plan and slots <= lm.depformer.few_rows:
             default = fused_linear_module.default_tiles
-            for name in swept:
-                row[name + "_tiles"] = {}
-                for tiles in tiles_swept:
-                    # swaps the launcher's choice for this bench only (an experiment's knob)
-                    fused_linear_module.default_tiles = lambda *_, t=tiles: t
-                    row[name + "_tiles"][str(tiles)] = timed(plan[name])
-                    log.info(
-                        "%d slots %s %s %s", slots, name, tiles, row[name + "_tiles"][str(tiles)]
-                    )
+            row["depformer_tiles"] = {}
+            for tiles in tiles_swept:
+                # swaps the launcher's choice for this bench only (an experiment's knob)
+                fused_linear_module.default_tiles = lambda *_, t=tiles: t
+                row["depformer_tiles"][str(tiles)] = timed(plan["depformer"])
+                log.info(
+                    "%d slots depformer %s %s", slots, tiles, row["depformer_tiles"][str(tiles)]
+                )
             fused_linear_module.default_tiles = default
-            lm.transformer.few_rows, lm.depformer.few_rows = kept
     row["sum_median_ms"] = round(sum(row[name]["median_ms"] for name in plan), 3)
     row["sum_kernels"] = sum(row[name]["kernels"] for name in plan)
     return row
@@ -151,12 +139,12 @@ def main() -> int:
     parser.add_argument("--stages", default="mimi_encode,temporal,depformer,mimi_decode")
     parser.add_argument("--per-op", action="store_true")
     parser.add_argument("--pdl", choices=["on", "off", "both"], default="on")
-    parser.add_argument("--temporal-few-rows", type=int, help="default: the model's")
-    parser.add_argument(
-        "--tiles", default="", help="block_n:block_k:warps[:programs_per_sm],..."
-    )
+    parser.add_argument("--pdl-skip", help="kernels launched without PDL (default: the module's)")
+    parser.add_argument("--tiles", default="", help="block_n:block_k:warps[:programs_per_sm],...")
     args = parser.parse_args()
     tiles = [parse_tiles(spec) for spec in args.tiles.split(",") if spec]
+    if args.pdl_skip is not None:
+        dependent_launch.SKIPPED = frozenset(name for name in args.pdl_skip.split(",") if name)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
     torch.backends.cuda.matmul.allow_tf32 = True  # the engine's setting (build_model)
     result: dict[str, Any] = {
@@ -166,9 +154,7 @@ def main() -> int:
         "rows": [],
     }
     for slots in [int(s) for s in args.slots.split(",")]:
-        row = stages(
-            slots, args.stages.split(","), args.per_op, args.pdl, tiles, args.temporal_few_rows
-        )
+        row = stages(slots, args.stages.split(","), args.per_op, args.pdl, tiles)
         result["rows"].append(row)
         torch.cuda.empty_cache()
         if args.json:

@@ -16,7 +16,7 @@ The rules every kernel here follows, so that any order of PDL and ordinary kerne
   the next kernel start, before the previous kernel's writes are visible).
 
 A kernel takes `pdl: tl.constexpr` and its launcher passes `pdl=on, launch_pdl=on` with
-`on = dependent(tensor)`: True for CUDA tensors on compute capability 9.0 or newer while
+`on = dependent(tensor, kernel)`: True for CUDA tensors on compute capability 9.0 or newer while
 ENABLED; False on the CPU and in Triton's interpreter, where the waits compile away.
 """
 
@@ -30,6 +30,14 @@ from torch import Tensor
 # Read at every launch (and so once per captured graph): benches switch it off to compare;
 # set it before a graph is captured.
 ENABLED = True
+# Kernels (their module's name) that launch without PDL even while ENABLED; read likewise.
+# The temporal transformer's kernels (and the LM's input embedding) each follow a cuBLAS GEMM,
+# whose kernels never let a dependent start early: there PDL gained nothing and at 128 calls
+# the stages ran slower with it (one H200, `python3 bench/engine_stages.py --slots 1,128
+# --per-op [--pdl both | --pdl-skip ...]`, bench/results/engine_stages_pdl*.json: the four
+# stages summed 33.78 ms without PDL, 33.36 with it everywhere, 32.78 with these skipped; at
+# 1 call 7.56, 6.98 and 7.06, the last two apart by about the run-to-run spread).
+SKIPPED = frozenset({"rms_norm", "kv_append", "gated_silu", "ring_attention", "embed_sum"})
 
 
 @functools.cache
@@ -38,9 +46,9 @@ def _supported(device_index: int) -> bool:
     return major >= 9
 
 
-def dependent(x: Tensor) -> bool:
-    """Whether kernels working on x launch with PDL."""
-    if not (ENABLED and x.is_cuda):
+def dependent(x: Tensor, kernel: str) -> bool:
+    """Whether `kernel` (its module's name), working on x, launches with PDL."""
+    if not (ENABLED and x.is_cuda) or kernel in SKIPPED:
         return False
     index = x.device.index if x.device.index is not None else torch.cuda.current_device()
     return _supported(index)

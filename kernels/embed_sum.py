@@ -74,7 +74,7 @@ def embed_sum(tokens: Tensor, audio: Tensor, text: Tensor) -> Tensor:
     rows = tokens.reshape(-1, 1 + streams).contiguous()
     out = torch.empty(*tokens.shape[:-1], dim, device=audio.device, dtype=audio.dtype)
     grid = (rows.shape[0], triton.cdiv(dim, BLOCK))
-    pdl = dependent(out)
+    pdl = dependent(out, "embed_sum")
     _embed_sum_kernel[grid](
         rows,
         audio,

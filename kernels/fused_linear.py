@@ -103,12 +103,15 @@ class Tiles:
 def default_tiles(rows: int, n: int, k: int) -> Tiles:
     """The tiles the launcher takes when given none (measured: see the module docstring).
 
-    Up to CUDA_CORE_ROWS rows, two output columns per program and whole 1024-wide slices of
-    k at a time: many programs, each with 4 KB of weights in flight per load. More rows, the
-    broadcast product outgrows the registers: the tensor cores."""
+    Up to CUDA_CORE_ROWS rows, whole 1024-wide slices of k at a time on the CUDA cores: at
+    one row two output columns per program, at most 8 programs per multiprocessor (each
+    walks several column blocks), at two to four rows four columns per program. More rows,
+    the broadcast product outgrows the registers: the tensor cores."""
     del n, k
+    if rows == 1:
+        return Tiles(block_n=2, block_k=1024, dot=False, programs_per_sm=8)
     if rows <= CUDA_CORE_ROWS:
-        return Tiles(block_n=2, block_k=1024, dot=False)
+        return Tiles(block_n=4, block_k=1024, dot=False)
     return Tiles(block_n=16, block_k=512, dot=True)
 
 
@@ -390,7 +393,7 @@ def _launch(
     programs = triton.cdiv(n, tiles.block_n)
     if tiles.programs_per_sm:
         programs = min(programs, tiles.programs_per_sm * _multiprocessors(x.device))
-    pdl = dependent(x)
+    pdl = dependent(x, "fused_linear")
     _fused_linear_kernel[(programs,)](
         rows,
         pending_rows,

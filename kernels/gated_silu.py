@@ -67,7 +67,7 @@ def gated_silu(h: Tensor) -> Tensor:
     rows = h.view(-1, 2 * hidden)
     out = torch.empty(*h.shape[:-1], hidden, device=h.device, dtype=h.dtype)
     grid = (rows.shape[0], triton.cdiv(hidden, BLOCK))
-    pdl = dependent(h)
+    pdl = dependent(h, "gated_silu")
     _gated_silu_kernel[grid](
         rows, out, rows.stride(0), hidden, block=BLOCK, num_warps=4, pdl=pdl, launch_pdl=pdl
     )

@@ -182,7 +182,7 @@ def rope_kv_append(
             assert scale.is_contiguous(), "scales must be contiguous"
             assert scale.device == qkv.device, "tensors on one device"
     q = torch.empty(batch, heads, steps, head_dim, device=qkv.device, dtype=qkv.dtype)
-    pdl = dependent(qkv)
+    pdl = dependent(qkv, "kv_append")
     _rope_append_kernel[(batch * steps, heads)](
         qkv,
         start,

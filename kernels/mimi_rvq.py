@@ -85,7 +85,7 @@ def assign_nearest(
         assert tensor.dtype == torch.float32, tensor.dtype
         assert tensor.is_contiguous(), "scores, codebook and residual must be contiguous"
         assert tensor.device == codes.device, "tensors on one device"
-    pdl = dependent(codes)
+    pdl = dependent(codes, "mimi_rvq")
     _assign_nearest_kernel[(rows,)](
         scores,
         codebook,
@@ -147,7 +147,7 @@ def codebook_sum(codes: Tensor, first: int, codebooks: Tensor) -> Tensor:
     assert codebooks.is_contiguous(), codebooks.stride()
     assert codes.device == codebooks.device, "tensors on one device"
     out = torch.empty(rows, dim, device=codes.device, dtype=torch.float32)
-    pdl = dependent(codes)
+    pdl = dependent(codes, "mimi_rvq")
     _codebook_sum_kernel[(rows,)](
         codes,
         codebooks,

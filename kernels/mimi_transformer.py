@@ -328,7 +328,7 @@ def ring_attention_step(
     part_max = torch.empty(partials, device=qkv.device, dtype=torch.float32)
     part_sum = torch.empty(partials, device=qkv.device, dtype=torch.float32)
     part_acc = torch.empty(partials, head_dim, device=qkv.device, dtype=torch.float32)
-    pdl = dependent(qkv)
+    pdl = dependent(qkv, "mimi_transformer")
     _ring_attention_step_kernel[(rows, splits)](
         qkv,
         cos,
@@ -430,7 +430,7 @@ def residual_layer_norm(
         assert vector.shape == (dim,), (vector.shape, dim)
     total = torch.empty_like(x)
     normed = torch.empty_like(x)
-    pdl = dependent(x)
+    pdl = dependent(x, "mimi_transformer")
     _residual_layer_norm_kernel[(x.numel() // dim,)](
         x,
         update,

@@ -405,7 +405,7 @@ def ring_attention(
     part_acc = torch.empty(rows * splits, head_dim, device=q.device, dtype=torch.float32)
     out = torch.empty(slots, heads, head_dim, device=q.device, dtype=q.dtype)
     qk_scale_log2 = math.log2(math.e) / math.sqrt(head_dim)
-    pdl = dependent(q)
+    pdl = dependent(q, "ring_attention")
     if scales is None:
         _ring_split_kernel[(rows, splits)](
             q,

@@ -101,7 +101,7 @@ def _launch(x: Tensor, residual: Tensor | None, alpha: Tensor, eps: float) -> tu
         residual_rows = _rows(residual, dim)
         total = torch.empty(x.shape, device=x.device, dtype=x.dtype)
     block = triton.next_power_of_2(dim)
-    pdl = dependent(x)
+    pdl = dependent(x, "rms_norm")
     _rms_norm_kernel[(rows.shape[0],)](
         rows,
         residual_rows,

@@ -115,7 +115,7 @@ def step_attention(qkv: Tensor, keys: Tensor, values: Tensor, step: int) -> Tens
     assert head_dim in (16, 32, 64, 128), f"head_dim {head_dim} must be a power of two"
     assert 0 <= step < steps, (step, steps)
     out = torch.empty(slots, heads * head_dim, device=qkv.device, dtype=qkv.dtype)
-    pdl = dependent(qkv)
+    pdl = dependent(qkv, "step_attention")
     _step_attention_kernel[(slots * heads,)](
         qkv,
         keys,
