@@ -205,10 +205,8 @@ def _accumulator(  # type: ignore[no-untyped-def,unused-ignore]
 ):
     """Zeroed fp32 sums: [block_m, block_n], or [block_n, block_k] with late_sum."""
     if late_sum:
-        zeros = tl.zeros([block_n, block_k], dtype=tl.float32)
-    else:
-        zeros = tl.zeros([block_m, block_n], dtype=tl.float32)
-    return zeros
+        return tl.zeros([block_n, block_k], dtype=tl.float32)
+    return tl.zeros([block_m, block_n], dtype=tl.float32)
 
 
 # the row count is not specialised: 1 and 16 would each compile their own variant
@@ -318,10 +316,9 @@ def _fused_linear_kernel(  # type: ignore[no-untyped-def,unused-ignore]
 @triton.jit  # type: ignore[untyped-decorator,unused-ignore]
 def _sum_late(acc, late_sum: tl.constexpr):  # type: ignore[no-untyped-def,unused-ignore]
     """[block_m, block_n] sums of the accumulator (late_sum: of its [block_n, block_k])."""
-    sums = acc
     if late_sum:
-        sums = tl.sum(acc, axis=1)[None, :]
-    return sums
+        return tl.sum(acc, axis=1)[None, :]
+    return acc
 
 
 @triton.jit  # type: ignore[untyped-decorator,unused-ignore]
