@@ -17,11 +17,10 @@ greedy) and captures each stage of `MoshiModel.device_step` as its own CUDA grap
 `--per-op` also times the depformer with its per-op kernels (`few_rows` 0: no few-rows
 linear, kernels/fused_linear.py) as `depformer_per_op`, the before of that kernel.
 `--pdl both` times every stage also with programmatic dependent launch off (`<stage>_no_pdl`,
-kernels/dependent_launch.py). `--tiles` times the temporal and depformer few-rows paths with each
-given fused_linear tile (`block_n:block_k:warps[:programs_per_sm[:late]]`, CUDA cores; `late`
-1: Tiles.late_sum) as `temporal_tiles` and `depformer_tiles` (the temporal's path is off
-by default: TemporalTransformer.few_rows). `--pdl-skip` names kernels that launch without
-PDL in every run (kernels/dependent_launch.SKIPPED).
+kernels/dependent_launch.py). `--tiles` times the depformer's few-rows path with each given
+fused_linear tile (`block_n:block_k:warps[:programs_per_sm]`, CUDA cores) as
+`depformer_tiles`. `--pdl-skip` names kernels that launch without PDL in every run
+(kernels/dependent_launch.SKIPPED).
 
 Reported per stage: median and p99 ms per replay (CUDA events, 50 replays after 5), and the
 number of kernels one eager run of the stage launches (torch profiler). The sum of the
@@ -62,10 +61,9 @@ def timed(stage: Callable[[], object]) -> dict[str, Any]:
 
 
 def parse_tiles(spec: str) -> Tiles:
-    """`block_n:block_k:warps[:programs_per_sm[:late]]` -> CUDA-core Tiles."""
-    block_n, block_k, warps, *rest = (int(part) for part in spec.split(":"))
-    per_sm, late = [*rest, 0, 0][:2]
-    return Tiles(block_n, block_k, False, warps, programs_per_sm=per_sm, late_sum=bool(late))
+    """`block_n:block_k:warps[:programs_per_sm]` -> CUDA-core Tiles."""
+    block_n, block_k, warps, *per_sm = (int(part) for part in spec.split(":"))
+    return Tiles(block_n, block_k, False, warps, programs_per_sm=per_sm[0] if per_sm else 0)
 
 
 def stages(
@@ -118,23 +116,17 @@ def stages(
                 row["depformer_per_op" + suffix] = timed(plan["depformer"])
                 lm.depformer.few_rows = FEW_ROWS
         dependent_launch.ENABLED = True
-        # the few-rows paths, each fused_linear tile swept; the temporal's is off by default
-        swept = [name for name in ("temporal", "depformer") if name in plan]
-        if tiles_swept and swept and slots <= lm.depformer.few_rows:
-            kept = lm.transformer.few_rows
-            lm.transformer.few_rows = slots
+        if tiles_swept and "depformer" in plan and slots <= lm.depformer.few_rows:
             default = fused_linear_module.default_tiles
-            for name in swept:
-                row[name + "_tiles"] = {}
-                for tiles in tiles_swept:
-                    # swaps the launcher's choice for this bench only (an experiment's knob)
-                    fused_linear_module.default_tiles = lambda *_, t=tiles: t
-                    row[name + "_tiles"][str(tiles)] = timed(plan[name])
-                    log.info(
-                        "%d slots %s %s %s", slots, name, tiles, row[name + "_tiles"][str(tiles)]
-                    )
+            row["depformer_tiles"] = {}
+            for tiles in tiles_swept:
+                # swaps the launcher's choice for this bench only (an experiment's knob)
+                fused_linear_module.default_tiles = lambda *_, t=tiles: t
+                row["depformer_tiles"][str(tiles)] = timed(plan["depformer"])
+                log.info(
+                    "%d slots depformer %s %s", slots, tiles, row["depformer_tiles"][str(tiles)]
+                )
             fused_linear_module.default_tiles = default
-            lm.transformer.few_rows = kept
     row["sum_median_ms"] = round(sum(row[name]["median_ms"] for name in plan), 3)
     row["sum_kernels"] = sum(row[name]["kernels"] for name in plan)
     return row
@@ -148,9 +140,7 @@ def main() -> int:
     parser.add_argument("--per-op", action="store_true")
     parser.add_argument("--pdl", choices=["on", "off", "both"], default="on")
     parser.add_argument("--pdl-skip", help="kernels launched without PDL (default: the module's)")
-    parser.add_argument(
-        "--tiles", default="", help="block_n:block_k:warps[:programs_per_sm[:late]],..."
-    )
+    parser.add_argument("--tiles", default="", help="block_n:block_k:warps[:programs_per_sm],...")
     args = parser.parse_args()
     tiles = [parse_tiles(spec) for spec in args.tiles.split(",") if spec]
     if args.pdl_skip is not None:

@@ -98,9 +98,6 @@ class Tiles:
     # at most this many programs per multiprocessor, each then taking several column blocks
     # (0: one program per block)
     programs_per_sm: int = 0
-    # one row on the CUDA cores: products summed per element, reduced once per column block
-    # (else reduced over block_k every iteration)
-    late_sum: bool = False
 
 
 def default_tiles(rows: int, n: int, k: int) -> Tiles:
@@ -183,30 +180,16 @@ def _weight_tiles(weight_ptr, stride_weight, n, k, col, cols, gated: tl.constexp
 
 
 @triton.jit  # type: ignore[untyped-decorator,unused-ignore]
-def _product(acc, x, w, dot: tl.constexpr, widen: tl.constexpr, late_sum: tl.constexpr):  # type: ignore[no-untyped-def,unused-ignore]
+def _product(acc, x, w, dot: tl.constexpr, widen: tl.constexpr):  # type: ignore[no-untyped-def,unused-ignore]
     """acc [block_m, block_n] + x [block_m, block_k] @ w [block_n, block_k]^T, in fp32;
-    `widen`: fp32 operands, full-precision products (no TF32). `late_sum` (one row, CUDA
-    cores): acc is [block_n, block_k], each product added to its own element; _sum_late
-    reduces it once per column block."""
-    if late_sum:
-        acc += w.to(tl.float32) * tl.sum(x.to(tl.float32), axis=0)[None, :]
-    elif dot and widen:
+    `widen`: fp32 operands, full-precision products (no TF32)."""
+    if dot and widen:
         acc = tl.dot(x.to(tl.float32), tl.trans(w.to(tl.float32)), acc, input_precision="ieee")
     elif dot:
         acc = tl.dot(x, tl.trans(w), acc)
     else:
         acc += tl.sum(x.to(tl.float32)[:, None, :] * w.to(tl.float32)[None, :, :], axis=2)
     return acc
-
-
-@triton.jit  # type: ignore[untyped-decorator,unused-ignore]
-def _accumulator(  # type: ignore[no-untyped-def,unused-ignore]
-    block_m: tl.constexpr, block_n: tl.constexpr, block_k: tl.constexpr, late_sum: tl.constexpr
-):
-    """Zeroed fp32 sums: [block_m, block_n], or [block_n, block_k] with late_sum."""
-    if late_sum:
-        return tl.zeros([block_n, block_k], dtype=tl.float32)
-    return tl.zeros([block_m, block_n], dtype=tl.float32)
 
 
 # the row count is not specialised: 1 and 16 would each compile their own variant
@@ -236,7 +219,6 @@ def _fused_linear_kernel(  # type: ignore[no-untyped-def,unused-ignore]
     gated: tl.constexpr,
     dot: tl.constexpr,
     widen: tl.constexpr,
-    late_sum: tl.constexpr,
     pdl: tl.constexpr,
 ):
     program = tl.program_id(0)
@@ -273,8 +255,8 @@ def _fused_linear_kernel(  # type: ignore[no-untyped-def,unused-ignore]
             total_f32 = total.to(tl.float32)
             sum_sq += tl.sum(total_f32 * total_f32, axis=1)
         inv = tl.rsqrt(eps + sum_sq / k)
-    acc = _accumulator(block_m, block_n, block_k, late_sum)
-    acc_up = _accumulator(block_m, block_n, block_k, late_sum)
+    acc = tl.zeros([block_m, block_n], dtype=tl.float32)
+    acc_up = tl.zeros([block_m, block_n], dtype=tl.float32)
     for tile in range(0, tiles):
         k_tile = tile % k_tiles
         col = (program + (tile // k_tiles) * programs) * block_n + lanes
@@ -291,14 +273,14 @@ def _fused_linear_kernel(  # type: ignore[no-untyped-def,unused-ignore]
         if norm:
             alpha = tl.load(alpha_ptr + cols, mask=cols_in, other=0.0).to(tl.float32)
             x = (x.to(tl.float32) * (alpha[None, :] * inv[:, None])).to(x.dtype)
-        acc = _product(acc, x, w, dot, widen, late_sum)
+        acc = _product(acc, x, w, dot, widen)
         if gated:
-            acc_up = _product(acc_up, x, w_up, dot, widen, late_sum)
+            acc_up = _product(acc_up, x, w_up, dot, widen)
         w, w_up = w_next, w_up_next
         if k_tile == k_tiles - 1:
             _store_block(
-                _sum_late(acc, late_sum),
-                _sum_late(acc_up, late_sum),
+                acc,
+                acc_up,
                 residual_ptr,
                 out_ptr,
                 stride_residual,
@@ -309,16 +291,8 @@ def _fused_linear_kernel(  # type: ignore[no-untyped-def,unused-ignore]
                 has_residual,
                 gated,
             )
-            acc = _accumulator(block_m, block_n, block_k, late_sum)
-            acc_up = _accumulator(block_m, block_n, block_k, late_sum)
-
-
-@triton.jit  # type: ignore[untyped-decorator,unused-ignore]
-def _sum_late(acc, late_sum: tl.constexpr):  # type: ignore[no-untyped-def,unused-ignore]
-    """[block_m, block_n] sums of the accumulator (late_sum: of its [block_n, block_k])."""
-    if late_sum:
-        return tl.sum(acc, axis=1)[None, :]
-    return acc
+            acc = tl.zeros([block_m, block_n], dtype=tl.float32)
+            acc_up = tl.zeros([block_m, block_n], dtype=tl.float32)
 
 
 @triton.jit  # type: ignore[untyped-decorator,unused-ignore]
@@ -416,7 +390,6 @@ def _launch(
     if tiles.dot:
         block_m = max(16, block_m)  # the tensor cores' smallest tile
         assert min(tiles.block_n, tiles.block_k) >= 16, tiles
-    assert not tiles.late_sum or (count == 1 and not tiles.dot), f"late_sum: one row, {tiles}"
     programs = triton.cdiv(n, tiles.block_n)
     if tiles.programs_per_sm:
         programs = min(programs, tiles.programs_per_sm * _multiprocessors(x.device))
@@ -448,7 +421,6 @@ def _launch(
         # torch's fp32 linear is full fp32 (no TF32), and Triton's interpreter (3.9) gets
         # 16-bit tl.dot wrong: there 16-bit operands go in as fp32 (exact products, same sums)
         widen=x.dtype == torch.float32 or not x.is_cuda,
-        late_sum=tiles.late_sum,
         pdl=pdl,
         launch_pdl=pdl,
         num_warps=tiles.warps,

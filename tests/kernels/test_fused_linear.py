@@ -128,23 +128,6 @@ def test_interpreted_programs_over_several_blocks(mode: str, tiles: Tiles) -> No
 
 @interpreter
 @needs_cpu
-@pytest.mark.parametrize("programs_per_sm", [0, 2])
-@pytest.mark.parametrize("mode", list(MODES))
-def test_interpreted_late_sum(mode: str, programs_per_sm: int) -> None:
-    tiles = Tiles(8, 32, False, programs_per_sm=programs_per_sm, late_sum=True)
-    _check(mode, 1, 40, 72, torch.float32, tiles)
-    _check(mode, 1, 40, 72, torch.bfloat16, tiles)
-
-
-def test_late_sum_refuses_several_rows() -> None:
-    x = _randn(2, 1, 32, dtype=torch.float32, seed=12)
-    weight = _randn(8, 32, dtype=torch.float32, seed=13)
-    with pytest.raises(AssertionError, match="late_sum"):
-        fused_linear(x, weight, tiles=Tiles(8, 32, False, late_sum=True))
-
-
-@interpreter
-@needs_cpu
 @pytest.mark.parametrize("rows", [1, 2, MAX_ROWS])
 def test_interpreted_row_counts(rows: int) -> None:
     _check("norm_pending", rows, 24, 48, torch.float32, SMALL_TILES[0])
@@ -189,16 +172,6 @@ def test_reads_a_column_slice_and_refuses_bad_layouts() -> None:
 )
 def test_seven_b_shapes_bf16(mode: str, n: int, k: int, rows: int) -> None:
     _check(mode, rows, n, k, torch.bfloat16, None)
-
-
-@gpu
-@needs_cuda
-@pytest.mark.parametrize("mode", list(MODES))
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_compiled_late_sum(mode: str, dtype: torch.dtype) -> None:
-    tiles = Tiles(4, 1024, False, programs_per_sm=4, late_sum=True)
-    _check(mode, 1, 4096, 4096, dtype, tiles)
-    _check(mode, 1, 200, 1000, dtype, tiles)
 
 
 @gpu
