@@ -22,11 +22,15 @@ Every rounding point is torch's (kernels/rms_norm.py, kernels/gated_silu.py and 
 `residual + linear(...)`), so bf16 outputs differ from the torch ops only where the fp32
 sums, reduced in another order than cuBLAS's, round to the neighbouring value.
 
-One program per BLOCK_N output columns (gated: BLOCK_N gate and the matching up columns)
-holds every row: the weight is read once, the rows (a few KB) by every program from L2. The
-norm's statistics are recomputed by each program (a first pass over the rows); with `pending`
-the first program also writes the sum. Products run on the tensor cores (`tl.dot`, rows padded
-to 16) or on the CUDA cores (a broadcast product summed over k); `Tiles` picks which.
+A program computes BLOCK_N output columns at a time (gated: BLOCK_N gate and the matching
+up columns) for every row: the weight is read once, the rows (a few KB) by every program from
+L2. With `Tiles.programs_per_sm` the grid is capped and each program walks several column
+blocks in one flat loop of weight tiles, so the norm's statistics (a first pass over the rows,
+per program) are computed once for all of them; with `pending` the first program also writes
+the sum. The first weight tile is loaded before the program waits for its inputs (under
+programmatic dependent launch, kernels/dependent_launch.py, that load overlaps the kernel
+before), each later one an iteration ahead. Products run on the tensor cores (`tl.dot`, rows
+padded to 16) or on the CUDA cores (a broadcast product summed over k); `Tiles` picks which.
 
 Predicted before measuring (H200, bf16, CUDA graph): per layer step of the depformer at one
 slot ~25 MB of weights are read by 5 launches of ~2-5 us instead of 8, so the stage goes from
@@ -64,8 +68,24 @@ Measured on one H200 (torch 2.11, Triton 3.6, bf16, random weights, CUDA graphs)
   bench's first version, `--rows 1,8 --temporal`; it reported us per 20 calls: divided here.)
 - correctness on the GPU: tests/kernels/test_fused_linear.py's 7B shapes at 1, 8 and 16 rows
   and every mode on both kinds of tile in fp32 and bf16 passed, but the gate with the
-  residual on the CUDA cores in bf16 (now refused). Not yet run on the GPU: the depformer's
-  token test with this path (tests/kernels/test_layer_kernels.py; it passes interpreted).
+  residual on the CUDA cores in bf16 (now refused); the depformer's token test with this
+  path (tests/kernels/test_layer_kernels.py) passes compiled (bench/results/
+  gpu_tests_kernels.log).
+- with PDL and the capped grid (`bench/engine_stages.py --tiles ...`,
+  bench/results/engine_stages_tiles.json, engine_stages_pdl.json): the depformer at one slot
+  1.29 -> 1.19 ms with PDL; at one row two columns and 8 programs per multiprocessor 1.17
+  against 1.22 uncapped (engine_stages_late_sum.json: 1.17 against 1.24); at 4 rows four
+  columns 1.65 against 1.79 for two. Hence default_tiles.
+- the temporal layer through this kernel (seven launches a layer instead of twelve, swept with
+  PDL and capped grids, run at commit 757c5b8 and reverted, bench/results/
+  engine_stages_tiles.json and engine_stages_late_sum.json): at one slot the best tile (four
+  columns, k 2048 a step, 4 programs per multiprocessor) ran the stage in 4.41-4.75 ms
+  against cuBLAS's 4.40-4.56 in the same runs: no faster, so not wired; at 4 slots 8.68
+  against 5.29. Summing products per element and reducing once per column block (instead of
+  over k every iteration) was slower still (4.73 at best). Estimated, not timed alone: its
+  13.1 GB of weights in the ~3.8 ms the stage's other kernels leave, ~3.4 TB/s, as cuBLAS; a
+  GEMV that streams at >= 4 TB/s likely needs another structure (bulk tensor copies into
+  shared memory, several stages deep), not other tiles.
 """
 
 import functools
