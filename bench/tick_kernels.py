@@ -9,9 +9,9 @@ reports the span from the first kernel's start to the last kernel's end, the ker
 durations summed (busy), the rest (gaps between dependent kernels: launch latency inside the
 graph; with programmatic dependent launch, kernels/dependent_launch.py, a kernel starts before
 the one before it ends and its time includes that wait, so busy can exceed the span and the
-gaps read negative), and the kernels grouped by a short name (Triton kernel, cuBLAS/CUTLASS GEMM, torch
-elementwise ...) with their count and summed time, largest first. It answers "launches or
-bytes?" for each slot count. (Results before the commit that added this sentence named
+gaps read negative), and the kernels grouped by a short name (Triton kernel, cuBLAS/CUTLASS
+GEMM, torch elementwise ...) with their count and summed time, largest first. It answers
+"launches or bytes?" for each slot count. (Results before the commit that added this sentence named
 cuDNN's `sm80_xmma_dgrad_implicit_gemm_...` kernels by their `gemm_...` tail only.)
 """
 
