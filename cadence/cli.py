@@ -70,6 +70,13 @@ def _engine_options(p: argparse.ArgumentParser) -> None:
         help="temporal KV cache: bf16 (the model's dtype) or fp8 (e4m3, a scale per entry; "
         "half the memory per call, docs/kv-cache.md)",
     )
+    m.add_argument(
+        "--no-dependent-launch",
+        dest="dependent_launch",
+        action="store_false",
+        help="launch the Triton kernels without programmatic dependent launch (on by default "
+        "on Hopper and newer GPUs: a kernel starts while the one before finishes)",
+    )
     m.add_argument("--voice-prompt", type=Path, help="PersonaPlex: WAV of the voice to speak with")
     m.add_argument("--text-prompt", help="PersonaPlex: the role text (needs the tokenizer)")
 
@@ -183,6 +190,7 @@ def _engine_argv(a: argparse.Namespace) -> list[str]:
         *([f"--dtype={a.dtype}"] if a.dtype else []),
         *(["--greedy"] if a.greedy else []),
         f"--kv-dtype={a.kv_dtype}",
+        *([] if a.dependent_launch else ["--no-dependent-launch"]),
         *([f"--voice-prompt={a.voice_prompt}"] if a.voice_prompt else []),
         *([f"--text-prompt={a.text_prompt}"] if a.text_prompt else []),
     ]
@@ -343,6 +351,7 @@ def _dispatch(args: argparse.Namespace) -> int:
                     dtype=args.dtype,
                     greedy=args.greedy,
                     kv_dtype=args.kv_dtype,
+                    dependent_launch=args.dependent_launch,
                     voice_prompt=args.voice_prompt,
                     text_prompt=args.text_prompt,
                 ),

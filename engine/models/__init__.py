@@ -24,6 +24,8 @@ class ModelOptions:
     voice_prompt: Path | None = None  # PersonaPlex: a WAV of the voice to speak with
     text_prompt: str | None = None  # PersonaPlex: the role text (needs the tokenizer)
     kv_dtype: str = "bf16"  # temporal KV rings: bf16 (the model's dtype) | fp8 (e4m3 + scales)
+    # Triton kernels with programmatic dependent launch on Hopper+ (kernels/dependent_launch.py)
+    dependent_launch: bool = True
 
     def check(self, model: str) -> None:
         if model == "moshi" and (self.checkpoint is None) == (self.random_weights is None):
@@ -59,6 +61,10 @@ def build_model(name: str, slots: int, options: ModelOptions | None = None) -> M
             # calls: bench/results/tick_kernels_no_tf32.json). The flag is process-wide: a bf16
             # LM (the default on CUDA) is unaffected, an fp32 one (--dtype float32) runs in TF32
             torch.backends.cuda.matmul.allow_tf32 = True
+            # process-wide too, read at each launch: set before any graph is captured
+            from kernels import dependent_launch
+
+            dependent_launch.ENABLED = options.dependent_launch
         if device.type == "cpu":
             # small steps on shared cores: a thread pool's barriers cost more than they save
             torch.set_num_threads(options.cpu_threads)
