@@ -31,6 +31,13 @@ the sum. The first weight tile is loaded before the program waits for its inputs
 programmatic dependent launch, kernels/dependent_launch.py, that load overlaps the kernel
 before), each later one an iteration ahead. Products run on the tensor cores (`tl.dot`, rows
 padded to 16) or on the CUDA cores (a broadcast product summed over k); `Tiles` picks which.
+`Tiles.swap` runs _swapped_linear_kernel instead: out^T = weight @ x^T on the tensor cores
+with the weight tile as the left operand and its loads left to Triton's software pipeliner,
+`stages` tiles deep through shared memory. Built here for sm_90 with Triton 3.6 and 3.9
+(`bench/kernels_fused_linear_sass.py`): wgmma and asynchronous copies, no spills, 80-216 KB of
+shared memory for the swept tiles; tested in the interpreter. Not timed on a GPU yet: no
+default tile takes it (`bench/kernels_fused_linear.py --rows 1,4,8,16 --temporal` sweeps it
+against cuBLAS).
 
 Predicted before measuring (H200, bf16, CUDA graph): per layer step of the depformer at one
 slot ~25 MB of weights are read by 5 launches of ~2-5 us instead of 8, so the stage goes from
@@ -118,6 +125,8 @@ class Tiles:
     # at most this many programs per multiprocessor, each then taking several column blocks
     # (0: one program per block)
     programs_per_sm: int = 0
+    # tensor cores with the weight as the left operand (_swapped_linear_kernel): not timed yet
+    swap: bool = False
 
 
 def default_tiles(rows: int, n: int, k: int) -> Tiles:
@@ -200,6 +209,41 @@ def _weight_tiles(weight_ptr, stride_weight, n, k, col, cols, gated: tl.constexp
 
 
 @triton.jit  # type: ignore[untyped-decorator,unused-ignore]
+def _inverse_rms(  # type: ignore[no-untyped-def,unused-ignore]
+    x_ptr,
+    pending_ptr,
+    total_ptr,
+    stride_x,
+    stride_pending,
+    k,
+    eps,
+    row,
+    row_in,
+    steps,
+    writer,
+    has_pending: tl.constexpr,
+):
+    """[block_m] 1 / rms of each row of x (+ pending), a first pass over the rows; with
+    `pending` the `writer` program also stores the sum (the others only read it)."""
+    block_m: tl.constexpr = row.shape[0]
+    block_k: tl.constexpr = steps.shape[0]
+    sum_sq = tl.zeros([block_m], dtype=tl.float32)
+    for start in range(0, k, block_k):
+        cols = start + steps
+        inside = row_in[:, None] & (cols < k)[None, :]
+        total = _load_rows(
+            x_ptr, pending_ptr, stride_x, stride_pending, row, cols, inside, has_pending
+        )
+        # two ifs: the first is resolved at compile time, the second at run time
+        if has_pending:  # noqa: SIM102
+            if writer:
+                tl.store(total_ptr + row[:, None] * k + cols[None, :], total, mask=inside)
+        total_f32 = total.to(tl.float32)
+        sum_sq += tl.sum(total_f32 * total_f32, axis=1)
+    return tl.rsqrt(eps + sum_sq / k)
+
+
+@triton.jit  # type: ignore[untyped-decorator,unused-ignore]
 def _product(acc, x, w, dot: tl.constexpr, widen: tl.constexpr):  # type: ignore[no-untyped-def,unused-ignore]
     """acc [block_m, block_n] + x [block_m, block_k] @ w [block_n, block_k]^T, in fp32;
     `widen`: fp32 operands, full-precision products (no TF32)."""
@@ -260,21 +304,10 @@ def _fused_linear_kernel(  # type: ignore[no-untyped-def,unused-ignore]
     )
     wait_for_inputs(pdl)
     if norm:
-        sum_sq = tl.zeros([block_m], dtype=tl.float32)
-        for start in range(0, k, block_k):
-            cols = start + steps
-            inside = row_in[:, None] & (cols < k)[None, :]
-            total = _load_rows(
-                x_ptr, pending_ptr, stride_x, stride_pending, row, cols, inside, has_pending
-            )
-            # one program writes the sum; the others only read it. Two ifs: the first is
-            # resolved at compile time, the second at run time
-            if has_pending:  # noqa: SIM102
-                if program == 0:
-                    tl.store(total_ptr + row[:, None] * k + cols[None, :], total, mask=inside)
-            total_f32 = total.to(tl.float32)
-            sum_sq += tl.sum(total_f32 * total_f32, axis=1)
-        inv = tl.rsqrt(eps + sum_sq / k)
+        inv = _inverse_rms(
+            x_ptr, pending_ptr, total_ptr, stride_x, stride_pending, k, eps, row, row_in,
+            steps, program == 0, has_pending,
+        )  # fmt: skip
     acc = tl.zeros([block_m, block_n], dtype=tl.float32)
     acc_up = tl.zeros([block_m, block_n], dtype=tl.float32)
     for tile in range(0, tiles):
@@ -353,6 +386,84 @@ def _multiprocessors(device: torch.device) -> int:
     return int(torch.cuda.get_device_properties(device).multi_processor_count)
 
 
+@triton.jit(do_not_specialize=["rows"])  # type: ignore[untyped-decorator,unused-ignore]
+def _swapped_linear_kernel(  # type: ignore[no-untyped-def,unused-ignore]
+    x_ptr,
+    pending_ptr,
+    alpha_ptr,
+    weight_ptr,
+    residual_ptr,
+    total_ptr,
+    out_ptr,
+    rows,
+    n,
+    k,
+    stride_x,
+    stride_pending,
+    stride_weight,
+    stride_residual,
+    eps,
+    block_m: tl.constexpr,
+    block_n: tl.constexpr,
+    block_k: tl.constexpr,
+    norm: tl.constexpr,
+    has_pending: tl.constexpr,
+    has_residual: tl.constexpr,
+    gated: tl.constexpr,
+    widen: tl.constexpr,
+    pdl: tl.constexpr,
+):
+    """Tiles.swap: out^T = weight @ x^T on the tensor cores, the weight tile the left operand
+    (block_n of its rows fill the product's M), the rows the right one (padded to block_m
+    columns). The weight loads feed the products directly, so Triton's software pipeliner can
+    keep `stages` tiles of each in flight through shared memory (cuBLAS's few-row kernels
+    are shaped so: nvjet ..._256x8_64x6 is 256 weight rows by 8 by 64 of k, 6 stages)."""
+    program = tl.program_id(0)
+    programs = tl.num_programs(0)
+    row = tl.arange(0, block_m)
+    row_in = row < rows
+    lanes = tl.arange(0, block_n)
+    steps = tl.arange(0, block_k)
+    wait_for_inputs(pdl)
+    if norm:
+        inv = _inverse_rms(
+            x_ptr, pending_ptr, total_ptr, stride_x, stride_pending, k, eps, row, row_in,
+            steps, program == 0, has_pending,
+        )  # fmt: skip
+    for block in range(program, tl.cdiv(n, block_n), programs):
+        col = block * block_n + lanes
+        acc = tl.zeros([block_n, block_m], dtype=tl.float32)
+        acc_up = tl.zeros([block_n, block_m], dtype=tl.float32)
+        for start in range(0, k, block_k):
+            cols = start + steps
+            cols_in = cols < k
+            w, w_up = _weight_tiles(weight_ptr, stride_weight, n, k, col, cols, gated)
+            inside = row_in[:, None] & cols_in[None, :]
+            x = _load_rows(
+                x_ptr, pending_ptr, stride_x, stride_pending, row, cols, inside, has_pending
+            )
+            if norm:
+                alpha = tl.load(alpha_ptr + cols, mask=cols_in, other=0.0).to(tl.float32)
+                x = (x.to(tl.float32) * (alpha[None, :] * inv[:, None])).to(x.dtype)
+            acc = _product_swapped(acc, w, x, widen)
+            if gated:
+                acc_up = _product_swapped(acc_up, w_up, x, widen)
+        _store_block(
+            tl.trans(acc), tl.trans(acc_up), residual_ptr, out_ptr, stride_residual, n, row,
+            row_in, col, has_residual, gated,
+        )  # fmt: skip
+
+
+@triton.jit  # type: ignore[untyped-decorator,unused-ignore]
+def _product_swapped(acc, w, x, widen: tl.constexpr):  # type: ignore[no-untyped-def,unused-ignore]
+    """acc [block_n, block_m] + w [block_n, block_k] @ x [block_m, block_k]^T, in fp32."""
+    if widen:
+        acc = tl.dot(w.to(tl.float32), tl.trans(x.to(tl.float32)), acc, input_precision="ieee")
+    else:
+        acc = tl.dot(w, tl.trans(x), acc)
+    return acc
+
+
 def _rows(x: Tensor, width: int, name: str) -> Tensor:
     """[..., width] as [rows, width] without a copy: rows unit-stride and evenly spaced."""
     assert x.shape[-1] == width, f"{name}: {tuple(x.shape)}, last dimension must be {width}"
@@ -414,7 +525,14 @@ def _launch(
     if tiles.programs_per_sm:
         programs = min(programs, tiles.programs_per_sm * _multiprocessors(x.device))
     pdl = dependent(x, "fused_linear")
-    _fused_linear_kernel[(programs,)](
+    if tiles.swap:
+        assert tiles.dot, f"swap takes tensor-core tiles, {tiles}"
+        kernel = _swapped_linear_kernel
+        modes = {}
+    else:
+        kernel = _fused_linear_kernel
+        modes = {"dot": tiles.dot}
+    kernel[(programs,)](
         rows,
         pending_rows,
         rows if alpha is None else alpha,
@@ -437,7 +555,7 @@ def _launch(
         has_pending=pending is not None,
         has_residual=residual is not None,
         gated=gated,
-        dot=tiles.dot,
+        **modes,
         # torch's fp32 linear is full fp32 (no TF32), and Triton's interpreter (3.9) gets
         # 16-bit tl.dot wrong: there 16-bit operands go in as fp32 (exact products, same sums)
         widen=x.dtype == torch.float32 or not x.is_cuda,

@@ -26,12 +26,18 @@ DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 EPS = 1e-8
 # Triton's interpreter truncates fp32 -> bf16 instead of rounding (see test_layer_kernels)
 INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
-SMALL_TILES = [Tiles(block_n=16, block_k=32, dot=True), Tiles(block_n=8, block_k=32, dot=False)]
+SMALL_TILES = [
+    Tiles(block_n=16, block_k=32, dot=True),
+    Tiles(block_n=8, block_k=32, dot=False),
+    Tiles(block_n=16, block_k=32, dot=True, swap=True),
+]
+TILE_IDS = ["dot", "cuda_cores", "swapped"]
 # a grid smaller than the column blocks (interpreted: programs_per_sm programs in all), so
 # programs walk several blocks, unevenly: 40 columns are 3 blocks of 16 and 5 of 8
 FEW_PROGRAM_TILES = [
     Tiles(block_n=16, block_k=32, dot=True, programs_per_sm=1),
     Tiles(block_n=8, block_k=32, dot=False, programs_per_sm=2),
+    Tiles(block_n=16, block_k=32, dot=True, programs_per_sm=2, swap=True),
 ]
 # the modes of the module docstring: (norm, pending, residual, gated)
 MODES = {
@@ -110,7 +116,7 @@ def _check(
 
 @interpreter
 @needs_cpu
-@pytest.mark.parametrize("tiles", SMALL_TILES, ids=["dot", "cuda_cores"])
+@pytest.mark.parametrize("tiles", SMALL_TILES, ids=TILE_IDS)
 @pytest.mark.parametrize("mode", list(MODES))
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_interpreted_modes_match_reference(mode: str, dtype: torch.dtype, tiles: Tiles) -> None:
@@ -120,7 +126,7 @@ def test_interpreted_modes_match_reference(mode: str, dtype: torch.dtype, tiles:
 
 @interpreter
 @needs_cpu
-@pytest.mark.parametrize("tiles", FEW_PROGRAM_TILES, ids=["dot", "cuda_cores"])
+@pytest.mark.parametrize("tiles", FEW_PROGRAM_TILES, ids=TILE_IDS)
 @pytest.mark.parametrize("mode", ["norm_pending", "residual", "norm_gated"])
 def test_interpreted_programs_over_several_blocks(mode: str, tiles: Tiles) -> None:
     _check(mode, 3, 40, 72, torch.float32, tiles)
@@ -132,6 +138,7 @@ def test_interpreted_programs_over_several_blocks(mode: str, tiles: Tiles) -> No
 def test_interpreted_row_counts(rows: int) -> None:
     _check("norm_pending", rows, 24, 48, torch.float32, SMALL_TILES[0])
     _check("residual", rows, 24, 48, torch.float32, SMALL_TILES[1])
+    _check("norm_gated", rows, 24, 48, torch.float32, SMALL_TILES[2])
 
 
 @interpreter
@@ -178,8 +185,14 @@ def test_seven_b_shapes_bf16(mode: str, n: int, k: int, rows: int) -> None:
 @needs_cuda
 @pytest.mark.parametrize(
     "tiles",
-    [Tiles(32, 128, True), Tiles(4, 512, False), Tiles(4, 512, False, programs_per_sm=1)],
-    ids=["dot", "cuda_cores", "cuda_cores_few_programs"],
+    [
+        Tiles(32, 128, True),
+        Tiles(4, 512, False),
+        Tiles(4, 512, False, programs_per_sm=1),
+        Tiles(64, 128, True, stages=4, swap=True),
+        Tiles(128, 64, True, stages=4, programs_per_sm=1, swap=True),
+    ],
+    ids=["dot", "cuda_cores", "cuda_cores_few_programs", "swapped", "swapped_few_programs"],
 )
 @pytest.mark.parametrize("mode", list(MODES))
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
