@@ -2,7 +2,7 @@
 # Everything the GPU machine checks and times for a submission, most important first, each step
 # bounded; two sections so that each stays under the device's 10-minute limit per command:
 #
-#   bench/h200.sh OUT [capacity|step|all]     (default all)
+#   bench/h200.sh OUT [capacity|step|linear|all]     (default all but linear)
 #
 # capacity: real-clock capacity with every call aged to a full 2-minute context (`cadence
 #   bench engine --full-context`): 300 calls with fp8 KV rings, 152 with bf16, and 1 call
@@ -12,7 +12,11 @@
 #   at 128 calls, the GPU tests (every kernel test compiled, graph == eager tokens, 7B
 #   conformance),
 #   where the tick goes kernel by kernel (bench/tick_kernels.py) and stage by stage
-#   (bench/engine_stages.py).
+#   (bench/engine_stages.py, with programmatic dependent launch on and off);
+# linear: the few-rows linear's tiles (kernels/fused_linear.py, the swapped tensor-core ones
+#   too) against cuBLAS at the depformer's and the temporal transformer's shapes, and the
+#   depformer stage with each GEMM's best tile (bench/kernels_fused_linear.py); its kernel
+#   tests compiled first.
 # Run from the repository root with torch, triton and Kyutai's `moshi` importable. Results land
 # in OUT as JSON (machine, versions and command inside) and logs; copy the ones worth keeping to
 # bench/results/.
@@ -50,6 +54,12 @@ if [[ $section == step || $section == all ]]; then
         tail -1 | cut -c1-300
     timeout 60 python3 bench/tick_kernels.py --slots 128 --kv-dtype fp8 \
         --json "$out/tick_kernels_fp8_128.json" 2>&1 | tail -1 | cut -c1-300
-    timeout 60 python3 bench/engine_stages.py --slots 1,128 --json "$out/engine_stages.json" 2>&1 |
-        tail -2
+    timeout 90 python3 bench/engine_stages.py --slots 1,128 --pdl both \
+        --json "$out/engine_stages.json" 2>&1 | tail -2
+fi
+if [[ $section == linear ]]; then
+    timeout 120 python3 -m pytest -q -x -m "not interpreter" tests/kernels/test_fused_linear.py \
+        -p no:cacheprovider 2>&1 | tee "$out/gpu_tests_fused_linear.log" | tail -2
+    timeout 420 python3 bench/kernels_fused_linear.py --rows 1,8 --temporal \
+        --json "$out/kernels_fused_linear.json" 2>&1 | grep -E "best_us|gemm" | tail -40
 fi

@@ -36,8 +36,10 @@ with the weight tile as the left operand and its loads left to Triton's software
 `stages` tiles deep through shared memory. Built here for sm_90 with Triton 3.6 and 3.9
 (`bench/kernels_fused_linear_sass.py`): wgmma and asynchronous copies, no spills, 80-216 KB of
 shared memory for the swept tiles; tested in the interpreter. Not timed on a GPU yet: no
-default tile takes it (`bench/kernels_fused_linear.py --rows 1,4,8,16 --temporal` sweeps it
-against cuBLAS).
+default tile takes it (`bench/h200.sh OUT linear` sweeps it against cuBLAS).
+Predicted, for that run: at one row on the temporal shapes ~4 TB/s, as cuBLAS's few-row
+kernels (deep stages of 256 weight rows); if so the temporal layer's seven-launch path (git
+039a8d2's TemporalLayer._few_rows) would take ~0.5 ms off the 1-call tick.
 
 Predicted before measuring (H200, bf16, CUDA graph): per layer step of the depformer at one
 slot ~25 MB of weights are read by 5 launches of ~2-5 us instead of 8, so the stage goes from
