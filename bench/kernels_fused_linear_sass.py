@@ -16,7 +16,6 @@ build with the Triton the GPU runs (3.6 there, `pip install --target DIR triton=
 
 import argparse
 import re
-import subprocess
 import sys
 from pathlib import Path
 
@@ -24,7 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import triton  # type: ignore[import-not-found,import-untyped,unused-ignore]
 from kernels_fused_linear import SWEEP  # bench/, this folder
-from kernels_ring_sass import HOPPER, tool  # bench/, this folder
+from kernels_ring_sass import HOPPER, disassemble  # bench/, this folder
 from triton.compiler import ASTSource  # type: ignore[import-not-found,import-untyped,unused-ignore]
 
 from kernels import fused_linear
@@ -78,12 +77,7 @@ def build(tiles: Tiles, rows: int, mode: tuple[bool, bool, bool, bool]) -> tuple
 def report(cubin: bytes, shared: int) -> str:
     path = Path("/tmp/fused_linear.cubin")
     path.write_bytes(cubin)
-    usage = subprocess.run(
-        [tool("cuobjdump"), "-res-usage", str(path)], capture_output=True, text=True, check=True
-    ).stdout
-    sass = subprocess.run(
-        [tool("cuobjdump"), "-sass", str(path)], capture_output=True, text=True, check=True
-    ).stdout
+    usage, sass = disassemble(path)
     found = re.search(r"REG:(\d+).*?STACK:(\d+)", usage)
     registers, stack = found.groups() if found else ("?", "?")
     hgmma = len(re.findall(r"\bHGMMA\b", sass))

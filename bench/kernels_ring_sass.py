@@ -72,6 +72,17 @@ def tool(name: str) -> str:
     return str(Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / name)
 
 
+def disassemble(cubin: Path) -> tuple[str, str]:
+    """(resource usage, SASS) of a cubin, by Triton's own cuobjdump."""
+    usage, sass = (
+        subprocess.run(
+            [tool("cuobjdump"), flag, str(cubin)], capture_output=True, text=True, check=True
+        ).stdout
+        for flag in ("-res-usage", "-sass")
+    )
+    return usage, sass
+
+
 def largest_loop(sass: str) -> list[str]:
     """The instructions between the target of the longest backward branch and the branch."""
     code = [(int(m.group(1), 16), m.group(2)) for m in INSTRUCTION.finditer(sass)]
@@ -97,12 +108,7 @@ def main() -> int:
     stages = args.stages or (ring.FP8_NUM_STAGES if args.fp8 else ring.NUM_STAGES)
     cubin = Path("/tmp/ring_pass1.cubin")
     cubin.write_bytes(build(args.fp8, block, warps, stages, args.head_dim))
-    usage = subprocess.run(
-        [tool("cuobjdump"), "-res-usage", str(cubin)], capture_output=True, text=True, check=True
-    ).stdout
-    sass = subprocess.run(
-        [tool("cuobjdump"), "-sass", str(cubin)], capture_output=True, text=True, check=True
-    ).stdout
+    usage, sass = disassemble(cubin)
     loop = largest_loop(sass)
     opcodes = collections.Counter(
         re.sub(r"^@!?U?P\w+\s+", "", text).split()[0].split(".")[0] for text in loop

@@ -5,8 +5,9 @@ still running: its programs are placed and run up to `wait_for_inputs`, which bl
 the previous kernel has finished and its writes are visible, then lets the next kernel start
 the same way. A tick at one call is ~1,100 kernels of a few microseconds each, so the launch,
 the first loads and the last programs of each kernel are a large share of the tick; with PDL
-they overlap the kernel before. Inside a CUDA graph the capture keeps these as programmatic
-edges between kernel nodes.
+they overlap the kernel before. It also takes effect inside a captured CUDA graph: the graph
+executor's 1-call step ran 7.36 ms with it and 7.97 without (one H200, bench/results/
+engine_gpu.json and engine_gpu_no_pdl.json; the graph's edges themselves were not inspected).
 
 The rules every kernel here follows, so that any order of PDL and ordinary kernels is safe:
 
@@ -31,12 +32,14 @@ from torch import Tensor
 # set it before a graph is captured.
 ENABLED = True
 # Kernels (their module's name) that launch without PDL even while ENABLED; read likewise.
-# The temporal transformer's kernels (and the LM's input embedding) each follow a cuBLAS GEMM,
-# whose kernels never let a dependent start early: there PDL gained nothing and at 128 calls
-# the stages ran slower with it (one H200, `python3 bench/engine_stages.py --slots 1,128
-# --per-op [--pdl both | --pdl-skip ...]`, bench/results/engine_stages_pdl*.json: the four
-# stages summed 33.78 ms without PDL, 33.36 with it everywhere, 32.78 with these skipped; at
-# 1 call 7.56, 6.98 and 7.06, the last two apart by about the run-to-run spread).
+# The temporal transformer's kernels sit between cuBLAS GEMMs (ring attention after RoPE +
+# append, the others each right after a GEMM), as does the LM's input embedding. There PDL
+# gained nothing (likely because cuBLAS's kernels do not let a dependent start early; not
+# checked) and at 128 calls the stages ran slower with it. One H200, `python3
+# bench/engine_stages.py --slots 1,128 --per-op [--pdl both | --pdl-skip ...]`,
+# bench/results/engine_stages_pdl*.json: the four stages summed 33.78 ms without PDL, 33.36
+# with it everywhere, 32.78 with these skipped; at 1 call 7.56, 6.98 and 7.06, the last two
+# apart by about the run-to-run spread.
 SKIPPED = frozenset({"rms_norm", "kv_append", "gated_silu", "ring_attention", "embed_sum"})
 
 

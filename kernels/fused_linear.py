@@ -97,7 +97,6 @@ Measured on one H200 (torch 2.11, Triton 3.6, bf16, random weights, CUDA graphs)
   shared memory, several stages deep), not other tiles.
 """
 
-import functools
 from dataclasses import dataclass
 
 import torch
@@ -107,6 +106,7 @@ from torch import Tensor
 from torch.nn import functional
 
 from kernels.dependent_launch import dependent, wait_for_inputs
+from kernels.device import multiprocessors
 
 FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 MAX_ROWS = 16  # rows of one program; more rows would re-read the weight per row block
@@ -246,6 +246,32 @@ def _inverse_rms(  # type: ignore[no-untyped-def,unused-ignore]
 
 
 @triton.jit  # type: ignore[untyped-decorator,unused-ignore]
+def _normed_rows(  # type: ignore[no-untyped-def,unused-ignore]
+    x_ptr,
+    pending_ptr,
+    alpha_ptr,
+    stride_x,
+    stride_pending,
+    row,
+    row_in,
+    cols,
+    k,
+    inv,
+    norm: tl.constexpr,
+    has_pending: tl.constexpr,
+):
+    """[block_m, block_k] of x (+ pending) at columns `cols`, RMS-normed with `inv`
+    (_inverse_rms) and the gain when `norm`, rounded to x's dtype."""
+    cols_in = cols < k
+    inside = row_in[:, None] & cols_in[None, :]
+    x = _load_rows(x_ptr, pending_ptr, stride_x, stride_pending, row, cols, inside, has_pending)
+    if norm:
+        alpha = tl.load(alpha_ptr + cols, mask=cols_in, other=0.0).to(tl.float32)
+        x = (x.to(tl.float32) * (alpha[None, :] * inv[:, None])).to(x.dtype)
+    return x
+
+
+@triton.jit  # type: ignore[untyped-decorator,unused-ignore]
 def _product(acc, x, w, dot: tl.constexpr, widen: tl.constexpr):  # type: ignore[no-untyped-def,unused-ignore]
     """acc [block_m, block_n] + x [block_m, block_k] @ w [block_n, block_k]^T, in fp32;
     `widen`: fp32 operands, full-precision products (no TF32)."""
@@ -305,6 +331,7 @@ def _fused_linear_kernel(  # type: ignore[no-untyped-def,unused-ignore]
         weight_ptr, stride_weight, n, k, program * block_n + lanes, steps, gated
     )
     wait_for_inputs(pdl)
+    inv = tl.zeros([block_m], dtype=tl.float32)  # read only when norm
     if norm:
         inv = _inverse_rms(
             x_ptr, pending_ptr, total_ptr, stride_x, stride_pending, k, eps, row, row_in,
@@ -321,13 +348,10 @@ def _fused_linear_kernel(  # type: ignore[no-untyped-def,unused-ignore]
         w_next, w_up_next = _weight_tiles(
             weight_ptr, stride_weight, n, k, next_col, (after % k_tiles) * block_k + steps, gated
         )
-        cols = k_tile * block_k + steps
-        cols_in = cols < k
-        inside = row_in[:, None] & cols_in[None, :]
-        x = _load_rows(x_ptr, pending_ptr, stride_x, stride_pending, row, cols, inside, has_pending)
-        if norm:
-            alpha = tl.load(alpha_ptr + cols, mask=cols_in, other=0.0).to(tl.float32)
-            x = (x.to(tl.float32) * (alpha[None, :] * inv[:, None])).to(x.dtype)
+        x = _normed_rows(
+            x_ptr, pending_ptr, alpha_ptr, stride_x, stride_pending, row, row_in,
+            k_tile * block_k + steps, k, inv, norm, has_pending,
+        )  # fmt: skip
         acc = _product(acc, x, w, dot, widen)
         if gated:
             acc_up = _product(acc_up, x, w_up, dot, widen)
@@ -380,14 +404,6 @@ def _store_block(  # type: ignore[no-untyped-def,unused-ignore]
     tl.store(out_ptr + row[:, None] * n + col[None, :], out, mask=written)
 
 
-@functools.cache
-def _multiprocessors(device: torch.device) -> int:
-    """The device's multiprocessors; 1 off CUDA (Triton's interpreter runs one at a time)."""
-    if device.type != "cuda":
-        return 1
-    return int(torch.cuda.get_device_properties(device).multi_processor_count)
-
-
 @triton.jit(do_not_specialize=["rows"])  # type: ignore[untyped-decorator,unused-ignore]
 def _swapped_linear_kernel(  # type: ignore[no-untyped-def,unused-ignore]
     x_ptr,
@@ -427,6 +443,7 @@ def _swapped_linear_kernel(  # type: ignore[no-untyped-def,unused-ignore]
     lanes = tl.arange(0, block_n)
     steps = tl.arange(0, block_k)
     wait_for_inputs(pdl)
+    inv = tl.zeros([block_m], dtype=tl.float32)  # read only when norm
     if norm:
         inv = _inverse_rms(
             x_ptr, pending_ptr, total_ptr, stride_x, stride_pending, k, eps, row, row_in,
@@ -438,15 +455,11 @@ def _swapped_linear_kernel(  # type: ignore[no-untyped-def,unused-ignore]
         acc_up = tl.zeros([block_n, block_m], dtype=tl.float32)
         for start in range(0, k, block_k):
             cols = start + steps
-            cols_in = cols < k
             w, w_up = _weight_tiles(weight_ptr, stride_weight, n, k, col, cols, gated)
-            inside = row_in[:, None] & cols_in[None, :]
-            x = _load_rows(
-                x_ptr, pending_ptr, stride_x, stride_pending, row, cols, inside, has_pending
-            )
-            if norm:
-                alpha = tl.load(alpha_ptr + cols, mask=cols_in, other=0.0).to(tl.float32)
-                x = (x.to(tl.float32) * (alpha[None, :] * inv[:, None])).to(x.dtype)
+            x = _normed_rows(
+                x_ptr, pending_ptr, alpha_ptr, stride_x, stride_pending, row, row_in, cols,
+                k, inv, norm, has_pending,
+            )  # fmt: skip
             acc = _product_swapped(acc, w, x, widen)
             if gated:
                 acc_up = _product_swapped(acc_up, w_up, x, widen)
@@ -525,7 +538,8 @@ def _launch(
         assert min(tiles.block_n, tiles.block_k) >= 16, tiles
     programs = triton.cdiv(n, tiles.block_n)
     if tiles.programs_per_sm:
-        programs = min(programs, tiles.programs_per_sm * _multiprocessors(x.device))
+        # off CUDA (the interpreter) 1: the cap is then the programs in all
+        programs = min(programs, tiles.programs_per_sm * multiprocessors(x.device, off_cuda=1))
     pdl = dependent(x, "fused_linear")
     if tiles.swap:
         assert tiles.dot, f"swap takes tensor-core tiles, {tiles}"

@@ -62,7 +62,6 @@ fixed by the shapes, and never reads device values on the host: it can be captur
 graph. Scores use exp2 with log2(e) folded into the query scale.
 """
 
-import functools
 import math
 
 import torch
@@ -72,6 +71,7 @@ from torch import Tensor
 
 from engine.models.moshi.attention import FP8_MAX, KV_FP8, KV_SCALE_DTYPE
 from kernels.dependent_launch import dependent, wait_for_inputs
+from kernels.device import multiprocessors
 
 # the pass-1 program; module-level and read at each launch, so the bench can sweep them
 BLOCK_N = 32  # ring entries per tile: a 32 x 128 bf16 tile of K is 8 KiB
@@ -334,17 +334,11 @@ def _ring_combine_kernel(  # type: ignore[no-untyped-def,unused-ignore]
     tl.store(out_ptr + row.to(tl.int64) * head_dim + dims, out.to(out_ptr.dtype.element_ty))
 
 
-@functools.lru_cache(maxsize=8)
-def _multiprocessors(device: torch.device) -> int:
-    if device.type != "cuda":
-        return 4  # the interpreter on CPU: a few splits keep the combine path exercised
-    return int(torch.cuda.get_device_properties(device).multi_processor_count)
-
-
 def default_splits(rows: int, capacity: int, device: torch.device, block_n: int) -> int:
     """Splits per (slot, head) so that pass 1 has ~PROGRAMS_PER_SM programs per SM (read at
     each launch, like BLOCK_N)."""
-    wanted = math.ceil(PROGRAMS_PER_SM * _multiprocessors(device) / rows)
+    # off CUDA (the interpreter) 4: a few splits keep the combine path exercised
+    wanted = math.ceil(PROGRAMS_PER_SM * multiprocessors(device, off_cuda=4) / rows)
     return max(1, min(wanted, math.ceil(capacity / block_n)))
 
 

@@ -213,29 +213,26 @@ class RingAttention(nn.Module):
         batch, steps, dim = x.shape
         qkv = self.in_proj(x).view(batch, steps, 3, self.num_heads, dim // self.num_heads)
         if isinstance(mask, RingRead) and mask.mask is None:
-            out = self.decode(qkv, start, keys, values, mask).view(batch, self.num_heads, 1, -1)
+            out = self._decode(qkv, start, keys, values, mask)
         else:
             ring = mask if isinstance(mask, RingRead) else RingRead(keys.shape[2], None, mask)
             out = self._masked(qkv, start, keys, values, ring)
         projected: Tensor = self.out_proj(out.transpose(1, 2).reshape(batch, steps, dim))
         return projected
 
-    def decode(
+    def _decode(
         self, qkv: Tensor, start: Tensor, keys: Tensor, values: Tensor, ring: RingRead
     ) -> Tensor:
-        """The Triton path, before the output projection: qkv [B, 1, 3 * dim] (any view of
-        those values) -> [B, 1, dim], the heads' outputs side by side."""
+        """The Triton path: [B, 1, 3, H, D] -> [B, H, 1, D]."""
         # imported here: triton is absent from CPU-only installs, which never take this path
         from kernels.kv_append import rope_kv_append
         from kernels.ring_attention import ring_attention
 
         if qkv.shape[1] != 1:
             raise ValueError(f"ring decode attends one query per slot, got {qkv.shape[1]}")
-        batch, _, heads, head_dim = keys.shape[0], 1, keys.shape[1], keys.shape[3]
-        qkv = qkv.view(batch, 1, 3, heads, head_dim)
         q = rope_kv_append(qkv, start, keys, values, self.rope_freqs, ring.scales)
         out = ring_attention(q[:, :, 0], keys, values, start, ring.context, scales=ring.scales)
-        return out.view(batch, 1, heads * head_dim)  # [B, H, D] contiguous
+        return out[:, :, None]
 
     def _masked(
         self, qkv: Tensor, start: Tensor, keys: Tensor, values: Tensor, ring: RingRead
