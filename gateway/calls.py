@@ -226,10 +226,10 @@ class CallRegistry:
     # -- media clock -------------------------------------------------------------------------
 
     def pump(self, index: int, now_s: float) -> None:
-        completes = self.grid.completes_frame(index)
+        release_s = self.grid.release(index)
         for call in self.calls.values():
             try:
-                self._pump_call(call, completes, now_s)
+                self._pump_call(call, release_s, now_s)
             except Exception:
                 # one call's failure must not cost the calls pumped after it their instant
                 log.exception("call %s: media pump failed; ending the call", call.id)
@@ -238,14 +238,30 @@ class CallRegistry:
                 self._ending.add(ending)
                 ending.add_done_callback(self._ending.discard)
 
-    def _pump_call(self, call: Call, completes: bool, now_s: float) -> None:
-        call.session.pump(completes, now_s)
+    def skip(self, start: int, stop: int) -> None:
+        """The media clock resumed at instant `stop` after a stall: the frames of the instants
+        start, ..., stop - 1 never reach the ring."""
+        count = self.grid.frames_between(start, stop)
+        if count:
+            for call in self.calls.values():
+                if not call.session.closed:
+                    call.session.counters.late_frames += count
+                    self._count_late(call, count)
+
+    def _pump_call(self, call: Call, release_s: float | None, now_s: float) -> None:
+        late = call.session.counters.late_frames
+        call.session.pump(now_s, release_s)
+        self._count_late(call, call.session.counters.late_frames - late)
         self.metrics.send_queue.observe(call.session.downlink.queued_s)
-        if completes:
+        if release_s is not None:
             self._report_media(call)
             if call.captions is not None:
                 steps = call.session.downlink.take_tokens()
                 send_captions(call.captions, call.caption_channel, steps)
+
+    def _count_late(self, call: Call, frames: int) -> None:
+        if frames:
+            self.metrics.late_frames.labels(call.transport).inc(frames, {"call_id": call.id})
 
     def _report_media(self, call: Call) -> None:
         uplink = call.session.uplink
@@ -303,6 +319,7 @@ class CallRegistry:
             },
             "uplink": {
                 "frames": session.counters.frames_sent,
+                "late_frames": session.counters.late_frames,
                 "padded_samples": session.uplink.framer.counters.padded_samples,
                 "dropped_samples": session.uplink.framer.counters.dropped_samples,
             },

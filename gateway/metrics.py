@@ -78,6 +78,14 @@ class GatewayMetrics:
             buckets=LAG_BUCKETS,
             registry=r,
         )
+        self.late_frames = Counter(
+            "cadence_gateway_late_frames_total",
+            "Uplink frames written to the engine's ring after their tick's release, or never "
+            "(their pump instant skipped after a media-clock stall): the gateway's share of "
+            "the engine's underruns.",
+            ["transport"],
+            registry=r,
+        )
         self.dtmf_digits = Counter(
             "cadence_gateway_dtmf_digits_total",
             "Key presses received as RFC 4733 telephone-events.",
@@ -97,6 +105,7 @@ class GatewayMetrics:
             self.setup_duration.labels(transport)
             self.jitter_delay.labels(transport)
             self.concealed.labels(transport)
+            self.late_frames.labels(transport)
             self.dtmf_digits.labels(transport)
             for outcome in CALL_OUTCOMES:
                 self.calls.labels(transport, outcome)

@@ -28,6 +28,7 @@ async def run_media_clock(calls: CallRegistry) -> None:
         current = grid.index_at(now)
         if current - index >= grid.per_tick:
             log.warning("media clock stalled %.1f ms", late * 1e3)
+            calls.skip(index, current)
             index = current
         while index <= current:
             try:

@@ -50,11 +50,17 @@ def test_one_call_echoes_audio_with_bounded_delay(served: Served) -> None:
     assert isinstance(engine, dict)
     assert engine["ticks"] >= 11.0 / 0.08 * 0.9
     assert engine["misses"] == 0
-    # the gateway's last pump lands 15 ms before each tick; on the 2-core CI machine, shared by
-    # the engine, the gateway and this caller, a scheduling hiccup that long was seen once in
-    # a full-suite run (1 underrun in 138 ticks, its frame counted as an overrun a tick later).
-    # A pump grid out of step with the engine's would underrun on many ticks, not one.
-    assert engine["underruns"] <= 1
+    # An underrun is a tick that found no fresh frame. The gateway writes each frame 15 ms before
+    # its tick and counts the frames it wrote after the release (or skipped after a stall) as
+    # late; on the 2-core CI machine, shared by the engine, the gateway and this caller, an
+    # event-loop hiccup that long happens (2 in 138 ticks seen once). So: late frames are rare,
+    # and every underrun is one of them; underruns the gateway cannot account for would mean
+    # its pump grid is out of step with the engine's. One underrun of slack: this record may be
+    # read after the engine's tick and before the gateway's late write for that tick.
+    uplink = result.record["uplink"]
+    assert isinstance(uplink, dict)
+    assert uplink["late_frames"] <= 0.05 * engine["ticks"]
+    assert engine["underruns"] <= uplink["late_frames"] + 1, json.dumps(result.record)
     assert served.engine_metrics()["cadence_engine_deadline_misses_total"] == 0
 
     status, calls = served.get("/v1/calls")

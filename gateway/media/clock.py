@@ -35,6 +35,15 @@ class PumpGrid:
     def completes_frame(self, index: int) -> bool:
         return index % self.per_tick == 0
 
+    def release(self, index: int) -> float | None:
+        """Release of the tick that takes the frame pump `index` completes; None if it completes
+        none."""
+        return self.instant(index) + self.lead_s if self.completes_frame(index) else None
+
+    def frames_between(self, start: int, stop: int) -> int:
+        """How many of the pump instants start, ..., stop - 1 complete a frame."""
+        return max(0, (stop - 1) // self.per_tick - (start - 1) // self.per_tick)
+
     @property
     def _origin(self) -> float:
         return self.t0_s - self.lead_s

@@ -5,6 +5,7 @@ The transport (WebRTC or SIP) feeds RTP payloads into `uplink` and pulls paced p
 into the slot's uplink ring and the engine's output out of its downlink ring.
 """
 
+import time
 from dataclasses import dataclass
 
 from engine.ring import DownlinkReader, SharedRing, UplinkWriter
@@ -17,6 +18,9 @@ from gateway.media.uplink import Uplink
 class SessionCounters:
     frames_sent: int = 0  # uplink frames written to the ring
     stale_writes: int = 0  # the slot had moved on to another generation
+    # frames written after their tick's release, or never (their pump skipped after a stall):
+    # the engine finds no fresh frame at such a tick unless its own tick started late as well
+    late_frames: int = 0
 
 
 class MediaSession:
@@ -29,13 +33,17 @@ class MediaSession:
         self.counters = SessionCounters()
         self.closed = False
 
-    def pump(self, completes_frame: bool, now_s: float) -> None:
+    def pump(self, now_s: float, release_s: float | None) -> None:
+        """One pump instant; `release_s` is the release of the tick that takes the frame this
+        pump completes, None where the pump completes none."""
         if self.closed:
             return
         self.uplink.pump(now_s)
-        if completes_frame:
+        if release_s is not None:
             if self._writer.write(self.uplink.take_frame()):
                 self.counters.frames_sent += 1
+                if time.monotonic() > release_s:
+                    self.counters.late_frames += 1
             else:
                 self.counters.stale_writes += 1
         self.downlink.accept(self._reader.read())

@@ -121,7 +121,7 @@ def test_a_call_whose_media_fails_is_ended_and_the_others_keep_their_pump(
         broken = await calls.start_sip(G711Decoder("PCMU"), 160)
         healthy = await calls.start_sip(G711Decoder("PCMU"), 160)
 
-        def fail(completes_frame: bool, now_s: float) -> None:
+        def fail(now_s: float, release_s: float | None) -> None:
             raise RuntimeError("a decoder bug")
 
         broken.session.pump = fail  # type: ignore[method-assign]
@@ -135,6 +135,58 @@ def test_a_call_whose_media_fails_is_ended_and_the_others_keep_their_pump(
         await client.close()
 
     asyncio.run(scenario())
+
+
+def test_frames_that_miss_their_tick_are_counted_late_per_call_and_in_the_metric(
+    restarted: tuple[SharedRing, SharedRing, SlotTable, Path],
+) -> None:
+    _, new, _, path = restarted
+
+    async def scenario() -> None:
+        metrics = GatewayMetrics()
+        client, calls = await _registry(path, new, metrics)
+        call = await calls.start_sip(G711Decoder("PCMU"), 160)
+        grid = calls.grid
+
+        def late() -> tuple[int, float | None]:
+            sample = metrics.registry.get_sample_value(
+                "cadence_gateway_late_frames_total", {"transport": "sip"}
+            )
+            return call.session.counters.late_frames, sample
+
+        assert grid.release(1) is None
+        release_0 = grid.release(0)
+        assert release_0 is not None
+        assert release_0 < time.monotonic()
+        calls.pump(0, time.monotonic())  # tick 0 was released before the registry existed
+        assert late() == (1, 1.0)
+
+        upcoming = (grid.index_at(time.monotonic()) // 4 + 2) * 4  # a tick 80-160 ms away
+        calls.pump(upcoming, time.monotonic())
+        calls.pump(upcoming + 1, time.monotonic())  # completes no frame
+        assert call.session.counters.frames_sent == 2
+        assert late() == (1, 1.0), "a frame in the ring before its release is on time"
+
+        calls.skip(upcoming + 1, upcoming + 13)  # a stall: instants +4 and +8 and +12 skipped
+        assert late() == (4, 4.0)
+        record = calls.record(call)
+        assert record["uplink"]["late_frames"] == 4
+        await calls.end(call.id, "hangup")
+        await client.close()
+
+    asyncio.run(scenario())
+
+
+@pytest.mark.parametrize(
+    ("start", "stop", "frames"), [(0, 0, 0), (0, 1, 1), (1, 4, 0), (1, 5, 1), (3, 13, 3), (5, 2, 0)]
+)
+def test_the_grid_counts_the_frame_completing_instants_in_a_range(
+    start: int, stop: int, frames: int
+) -> None:
+    grid = PumpGrid(100.0, 0.08, 4, 0.015)
+    assert grid.frames_between(start, stop) == frames
+    assert frames == sum(grid.release(i) is not None for i in range(start, stop))
+    assert grid.release(8) == pytest.approx(100.0 + 2 * 0.08)
 
 
 def test_every_refusal_reason_has_a_retry_after() -> None:

@@ -209,6 +209,10 @@ def test_the_stall_and_the_freeze_move_every_calls_record(observed: Observed) ->
         frozen = incident.after_freeze[call_id]["deadline"]
         assert stalled["missed"] - before["deadline"]["missed"] >= MIN_MISSES, stalled
         assert frozen["underruns"] - stalled["underruns"] >= MIN_UNDERRUNS, frozen
+        # the gateway knows the frames it could not deliver while it was frozen
+        late = incident.after_freeze[call_id]["uplink"]["late_frames"]
+        late -= incident.after_stall[call_id]["uplink"]["late_frames"]
+        assert late >= frozen["underruns"] - stalled["underruns"] >= MIN_UNDERRUNS
         assert 0 < frozen["miss_ratio"] < 1
         assert frozen["ticks"] > before["deadline"]["ticks"]
         assert frozen["jitter_delay_p50_s"] is not None
@@ -237,6 +241,8 @@ def test_the_miss_counters_and_the_burn_rate_alert_see_the_stall(observed: Obser
     assert misses >= CALLS * MIN_MISSES
     assert prometheus.value("sum(cadence_engine_deadline_misses_total)") >= MIN_MISSES
     assert prometheus.value("sum(cadence_engine_underruns_total)") >= CALLS * MIN_UNDERRUNS
+    late = prometheus.value("sum(cadence_gateway_late_frames_total)")
+    assert late >= CALLS * MIN_UNDERRUNS
     assert observed.incident.alert_data_before, "the alert's ratios had data before the stall"
     assert observed.incident.alert_before == [], "and the alert did not fire on healthy calls"
     page = alert_query(prometheus, FIRING_ALERT)
