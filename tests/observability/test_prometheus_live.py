@@ -209,10 +209,11 @@ def test_the_stall_and_the_freeze_move_every_calls_record(observed: Observed) ->
         frozen = incident.after_freeze[call_id]["deadline"]
         assert stalled["missed"] - before["deadline"]["missed"] >= MIN_MISSES, stalled
         assert frozen["underruns"] - stalled["underruns"] >= MIN_UNDERRUNS, frozen
-        # the gateway knows the frames it could not deliver while it was frozen
+        # the gateway knows the frames it could not deliver while it was frozen (one of slack:
+        # a record read between a tick's underrun and the gateway's late write of its frame)
         late = incident.after_freeze[call_id]["uplink"]["late_frames"]
         late -= incident.after_stall[call_id]["uplink"]["late_frames"]
-        assert late >= frozen["underruns"] - stalled["underruns"] >= MIN_UNDERRUNS
+        assert late + 1 >= frozen["underruns"] - stalled["underruns"] >= MIN_UNDERRUNS
         assert 0 < frozen["miss_ratio"] < 1
         assert frozen["ticks"] > before["deadline"]["ticks"]
         assert frozen["jitter_delay_p50_s"] is not None
