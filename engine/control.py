@@ -207,8 +207,14 @@ class ControlServer:
                 self._hooks.age()
                 return {"ok": True}
             raise ValueError(f"unknown op {op!r}")
-        except (ValueError, KeyError, TypeError) as exc:
-            return {"ok": False, "reason": "bad_request", "detail": str(exc)}
+        except (ValueError, KeyError, TypeError, OverflowError, RecursionError) as exc:
+            # OverflowError: int(1e400); RecursionError: JSON nested past the parser's depth
+            return {"ok": False, "reason": "bad_request", "detail": str(exc)[:200]}
+        except Exception:
+            # this thread admits every call of every gateway: a bug in one request's handling
+            # is answered and logged, never allowed to end it
+            log.exception("control request failed: %r", line[:200])
+            return {"ok": False, "reason": "internal_error"}
 
     def _stall_next_tick(self, seconds: float) -> dict[str, Any]:
         if self._hooks is None:

@@ -175,6 +175,33 @@ def test_a_gateway_that_goes_away_frees_its_slots(
     assert (engine.ring.control["generation"] == 0).all()
 
 
+@pytest.mark.parametrize(
+    "line",
+    [
+        b'{"op": "close", "slot": 1e400, "generation": 1}',  # OverflowError in int()
+        b"[" * 20_000 + b"]" * 20_000,  # RecursionError in the JSON parser
+        b'{"op": "open"}',
+        b"\xff\xfe not json",
+        b'"just a string"',
+    ],
+)
+def test_a_malformed_request_is_answered_and_the_socket_keeps_admitting(
+    rig: tuple[Engine, ControlServer, Path], line: bytes
+) -> None:
+    _, _, path = rig
+    with socket.socket(socket.AF_UNIX) as sock:
+        sock.connect(str(path))
+        sock.settimeout(5.0)
+        sock.sendall(line + b"\n")
+        reply = b""
+        while not reply.endswith(b"\n"):
+            chunk = sock.recv(65536)
+            assert chunk, "the control socket closed on a malformed request"
+            reply += chunk
+        assert json.loads(reply)["reason"] == "bad_request"
+        assert ask(sock, {"op": "open", "call_id": "after"})["ok"] is True
+
+
 def test_an_engine_that_is_not_ticking_yet_refuses_calls() -> None:
     table = SlotTable(2, accepting=False)
     with pytest.raises(AdmissionRefused) as refused:
