@@ -62,7 +62,7 @@ async def require_token(request: web.Request, handler: Handler) -> web.StreamRes
     if token is None or not request.path.startswith("/v1/calls"):
         return await handler(request)
     scheme, _, given = request.headers.get("Authorization", "").partition(" ")
-    if scheme.lower() != "bearer" or not hmac.compare_digest(given.encode(), token.encode()):
+    if scheme.lower() != "bearer" or not _same_token(given, token):
         return error(
             401,
             "unauthorized",
@@ -72,11 +72,28 @@ async def require_token(request: web.Request, handler: Handler) -> web.StreamRes
     return await handler(request)
 
 
+def _same_token(given: str, token: str) -> bool:
+    try:
+        presented = given.encode()
+    except UnicodeEncodeError:  # a header byte that is no character: not the token either
+        return False
+    return hmac.compare_digest(presented, token.encode())
+
+
+async def _json_body(request: web.Request) -> object:
+    """The request's JSON body; ValueError if it is none (RecursionError: nested past the
+    parser's depth, well inside the size limit)."""
+    try:
+        return await request.json(loads=json.loads)
+    except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as exc:
+        raise ValueError(str(exc)) from None
+
+
 async def create_call(request: web.Request) -> web.Response:
     calls = request.app[CALLS]
     try:
-        body = await request.json(loads=json.loads)
-    except (json.JSONDecodeError, UnicodeDecodeError):
+        body = await _json_body(request)
+    except ValueError:
         return error(400, "bad_request", 'the body must be JSON: {"sdp": ..., "type": "offer"}')
     if not isinstance(body, dict) or not isinstance(body.get("sdp"), str):
         return error(400, "bad_request", 'the body needs an "sdp" string')
@@ -99,8 +116,8 @@ async def dial_sip(request: web.Request) -> web.Response:
     if phone is None:
         return error(404, "sip_off", "this gateway has no SIP bridge (start it with --sip-port)")
     try:
-        body = await request.json(loads=json.loads)
-    except (json.JSONDecodeError, UnicodeDecodeError):
+        body = await _json_body(request)
+    except ValueError:
         return error(400, "bad_request", 'the body must be JSON: {"uri": "sip:..."}')
     fields = ("uri", "username", "password", "from")
     if not isinstance(body, dict) or not isinstance(body.get("uri"), str):

@@ -140,8 +140,9 @@ async def answer(
     try:
         try:
             await pc.setRemoteDescription(RTCSessionDescription(offer_sdp, "offer"))
-        except (ValueError, KeyError, IndexError) as exc:
-            raise OfferError(f"the offer is not valid SDP: {exc}") from exc
+        except Exception as exc:
+            # aiortc's parser fails on bad input with whatever it hits (AssertionError too)
+            raise OfferError(f"the offer is not valid SDP: {exc!r}") from exc
         transceiver = next((t for t in pc.getTransceivers() if t.kind == "audio"), None)
         if transceiver is None:
             raise OfferError("the offer has no audio section")

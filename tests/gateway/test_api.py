@@ -1,9 +1,12 @@
 """The gateway's HTTP API against a real `cadence serve`: errors are clear, never a crash."""
 
 import asyncio
+import json
 import os
 import signal
 import time
+import urllib.error
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -37,6 +40,8 @@ def _post(served: Served, body: object) -> tuple[int, object]:
             {"sdp": "v=0\r\no=- 1 1 IN IP4 0.0.0.0\r\ns=-\r\nt=0 0\r\nm=video 9 RTP 96\r\n"},
             "bad_offer",
         ),
+        ({"sdp": "m=audio\nfoo"}, "bad_offer"),  # an AssertionError inside aiortc's parser
+        ([[[[[]]]]] * 3, "bad_request"),
     ],
 )
 def test_bad_offers_get_400_with_a_reason(one_slot: Served, body: object, code: str) -> None:
@@ -45,6 +50,15 @@ def test_bad_offers_get_400_with_a_reason(one_slot: Served, body: object, code: 
     assert isinstance(reply, dict)
     assert reply["error"] == code
     assert reply["detail"]
+
+
+def test_json_nested_past_the_parsers_depth_gets_400(one_slot: Served) -> None:
+    body = b"[" * 20_000 + b"]" * 20_000  # well inside the size limit
+    request = urllib.request.Request(one_slot.url + "/v1/calls", data=body, method="POST")
+    with pytest.raises(urllib.error.HTTPError) as refused:
+        urllib.request.urlopen(request, timeout=10)
+    assert refused.value.code == 400
+    assert json.loads(refused.value.read())["error"] == "bad_request"
 
 
 def test_unknown_calls_are_404(one_slot: Served) -> None:

@@ -6,6 +6,7 @@ from pathlib import Path
 import pytest
 
 from cadence.cli import _gateway_argv, _gateway_secrets, build_parser
+from gateway.app import _same_token
 from gateway.config import GatewayConfig
 
 TOKEN = "a-long-enough-token-1234"
@@ -71,3 +72,9 @@ def test_turn_credentials_go_only_to_turn_servers() -> None:
 def test_bad_page_settings_are_refused_at_start(field: str, value: object, message: str) -> None:
     with pytest.raises(ValueError, match=message):
         GatewayConfig(Path("/tmp/x.sock"), **{field: value})  # type: ignore[arg-type]
+
+
+def test_a_token_header_that_is_no_text_is_refused_not_a_crash() -> None:
+    assert _same_token(TOKEN, TOKEN)
+    assert not _same_token(TOKEN[:-1], TOKEN)
+    assert not _same_token("\udcff" + TOKEN[1:], TOKEN)  # a raw 0xff byte, as aiohttp decodes it
