@@ -9,10 +9,15 @@ import logging
 import os
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from engine.executors import EXECUTORS
 from engine.infer import add_infer_arguments, run_infer
 from engine.models import KV_DTYPES, MODELS, ModelOptions
+
+if TYPE_CHECKING:
+    from engine.config import EngineConfig
+    from gateway.config import GatewayConfig
 
 log = logging.getLogger("cadence")
 
@@ -105,6 +110,12 @@ def _gateway_options(p: argparse.ArgumentParser) -> None:
         default=[],
         metavar="ADDR",
         help="offer only this local address as a WebRTC host candidate (repeatable)",
+    )
+    g.add_argument(
+        "--webrtc-setup-timeout-s",
+        type=float,
+        default=30.0,
+        help="end a WebRTC call whose browser has not connected this long after the answer",
     )
     g.add_argument(
         "--ice-server",
@@ -207,6 +218,7 @@ def _gateway_argv(a: argparse.Namespace) -> list[str]:
         f"--sip-address={a.sip_address}",
         f"--rtp-ports={a.rtp_ports}",
         f"--rtp-timeout-s={a.rtp_timeout_s}",
+        f"--webrtc-setup-timeout-s={a.webrtc_setup_timeout_s}",
         f"--sip-busy={a.sip_busy}",
         f"--sip-ring-ms={a.sip_ring_ms}",
     ]
@@ -322,73 +334,84 @@ def _dispatch(args: argparse.Namespace) -> int:
     if args.command == "serve":
         from cadence.supervise import Supervisor
 
+        # both children's configurations are checked here, before a model loads: a bad option
+        # is one clear error now, not a child's exit that the supervisor would restart
+        _engine_config(args, Path("engine.sock"), "cadence-check")
+        _gateway_config(args, Path("engine.sock"))
         supervisor = Supervisor(
             _engine_argv(args), _gateway_argv(args), _gateway_secrets(args), args.ready_timeout
         )
         return supervisor.run()
     if args.command == "engine":
-        from engine.config import EngineConfig
         from engine.main import run_engine
 
-        return run_engine(
-            EngineConfig(
-                control_path=args.control,
-                ring_name=args.ring,
-                slots=args.slots,
-                model=args.model,
-                executor=args.executor,
-                tick_period_s=args.tick_ms / 1000.0,
-                ring_depth=args.ring_depth,
-                metrics_host=args.metrics_host,
-                metrics_port=args.metrics_port,
-                test_hooks=args.test_hooks,
-                watchdog_s=args.watchdog_s,
-                model_options=ModelOptions(
-                    checkpoint=args.checkpoint,
-                    config=args.config,
-                    random_weights=args.random_weights,
-                    device=args.device,
-                    dtype=args.dtype,
-                    greedy=args.greedy,
-                    kv_dtype=args.kv_dtype,
-                    dependent_launch=args.dependent_launch,
-                    voice_prompt=args.voice_prompt,
-                    text_prompt=args.text_prompt,
-                ),
-            )
-        )
-    from gateway.config import GatewayConfig
+        return run_engine(_engine_config(args, args.control, args.ring))
     from gateway.main import run_gateway
+
+    return run_gateway(_gateway_config(args, args.engine_control))
+
+
+def _engine_config(args: argparse.Namespace, control: Path, ring: str) -> "EngineConfig":
+    from engine.config import EngineConfig
+
+    return EngineConfig(
+        control_path=control,
+        ring_name=ring,
+        slots=args.slots,
+        model=args.model,
+        executor=args.executor,
+        tick_period_s=args.tick_ms / 1000.0,
+        ring_depth=args.ring_depth,
+        metrics_host=args.metrics_host,
+        metrics_port=args.metrics_port,
+        test_hooks=args.test_hooks,
+        watchdog_s=args.watchdog_s,
+        model_options=ModelOptions(
+            checkpoint=args.checkpoint,
+            config=args.config,
+            random_weights=args.random_weights,
+            device=args.device,
+            dtype=args.dtype,
+            greedy=args.greedy,
+            kv_dtype=args.kv_dtype,
+            dependent_launch=args.dependent_launch,
+            voice_prompt=args.voice_prompt,
+            text_prompt=args.text_prompt,
+        ),
+    )
+
+
+def _gateway_config(args: argparse.Namespace, engine_control: Path) -> "GatewayConfig":
+    from gateway.config import GatewayConfig
     from gateway.media.jitter import JitterConfig
 
-    return run_gateway(
-        GatewayConfig(
-            engine_control=args.engine_control,
-            host=args.host,
-            port=args.port,
-            ice_addresses=tuple(args.ice_address),
-            ice_servers=tuple(args.ice_server),
-            turn_username=args.turn_username,
-            turn_credential=args.turn_credential,
-            auth_token=args.auth_token,
-            captions_tokenizer=args.captions_tokenizer,
-            **({"web_root": args.web_root} if args.web_root else {}),
-            jitter=JitterConfig(
-                min_delay_s=args.jitter_min_ms / 1000.0, max_delay_s=args.jitter_max_ms / 1000.0
-            ),
-            sip_port=args.sip_port,
-            sip_address=args.sip_address,
-            rtp_ports=_port_range(args.rtp_ports),
-            sip_allow=tuple(args.sip_allow),
-            rtp_timeout_s=args.rtp_timeout_s,
-            sip_busy_status=args.sip_busy,
-            sip_ring_s=args.sip_ring_ms / 1000.0,
-            sip_register=args.sip_register,
-            sip_registrar=args.sip_registrar,
-            sip_username=args.sip_username,
-            sip_password=args.sip_password,
-            sip_proxy=_host_port(args.sip_proxy) if args.sip_proxy else None,
-        )
+    return GatewayConfig(
+        engine_control=engine_control,
+        host=args.host,
+        port=args.port,
+        ice_addresses=tuple(args.ice_address),
+        ice_servers=tuple(args.ice_server),
+        turn_username=args.turn_username,
+        turn_credential=args.turn_credential,
+        auth_token=args.auth_token,
+        captions_tokenizer=args.captions_tokenizer,
+        **({"web_root": args.web_root} if args.web_root else {}),
+        jitter=JitterConfig(
+            min_delay_s=args.jitter_min_ms / 1000.0, max_delay_s=args.jitter_max_ms / 1000.0
+        ),
+        webrtc_setup_timeout_s=args.webrtc_setup_timeout_s,
+        sip_port=args.sip_port,
+        sip_address=args.sip_address,
+        rtp_ports=_port_range(args.rtp_ports),
+        sip_allow=tuple(args.sip_allow),
+        rtp_timeout_s=args.rtp_timeout_s,
+        sip_busy_status=args.sip_busy,
+        sip_ring_s=args.sip_ring_ms / 1000.0,
+        sip_register=args.sip_register,
+        sip_registrar=args.sip_registrar,
+        sip_username=args.sip_username,
+        sip_password=args.sip_password,
+        sip_proxy=_host_port(args.sip_proxy) if args.sip_proxy else None,
     )
 
 

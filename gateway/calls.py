@@ -88,7 +88,7 @@ class CallRegistry:
         self.grid = grid
         self.metrics = metrics
         self.calls: dict[str, Call] = {}
-        self._ending: set[asyncio.Task[dict[str, Any] | None]] = set()  # media-error ends
+        self._ending: set[asyncio.Task[dict[str, Any] | None]] = set()  # see _end_soon
         self.ended: OrderedDict[str, dict[str, Any]] = OrderedDict()
 
     # -- lifecycle ---------------------------------------------------------------------------
@@ -129,8 +129,22 @@ class CallRegistry:
             await self._release(lease)
             raise
         self._register(call, t0)
+        asyncio.get_running_loop().call_later(
+            self.config.webrtc_setup_timeout_s, self._end_if_connecting, call
+        )
         log.info("call %s answered on slot %d gen %d", call_id, lease.slot, lease.generation)
         return call, answer_sdp
+
+    def _end_if_connecting(self, call: Call) -> None:
+        if self.calls.get(call.id) is call and call.state == "connecting":
+            log.warning("call %s: the peer never connected; ending it", call.id)
+            self._end_soon(call, "setup_timeout")
+
+    def _end_soon(self, call: Call, reason: str) -> None:
+        """End a call from a callback that cannot wait for it."""
+        ending = asyncio.get_running_loop().create_task(self.end(call.id, reason))
+        self._ending.add(ending)
+        ending.add_done_callback(self._ending.discard)
 
     async def start_sip(self, decoder: AudioDecoder, packet_samples: int) -> Call:
         """Admit a phone call and build its media; the SIP bridge answers and attaches RTP.
@@ -234,9 +248,7 @@ class CallRegistry:
                 # one call's failure must not cost the calls pumped after it their instant
                 log.exception("call %s: media pump failed; ending the call", call.id)
                 call.session.closed = True
-                ending = asyncio.get_running_loop().create_task(self.end(call.id, "media_error"))
-                self._ending.add(ending)
-                ending.add_done_callback(self._ending.discard)
+                self._end_soon(call, "media_error")
 
     def skip(self, start: int, stop: int) -> None:
         """The media clock resumed at instant `stop` after a stall: the frames of the instants

@@ -24,6 +24,9 @@ class GatewayConfig:
     pump_lead_s: float = 0.015  # the frame is in the ring this long before the tick
     send_queue_max_s: float = 0.12  # one 80 ms frame plus slack for the pump's phase
     engine_wait_s: float = 30.0  # how long to wait for the engine at start
+    # a WebRTC call whose peer has not connected this long after its answer is ended, so an
+    # offer abandoned mid-setup (tab closed, ICE blocked) does not hold its slot for good
+    webrtc_setup_timeout_s: float = 30.0
     ice_servers: tuple[str, ...] = ()  # STUN/TURN URLs handed to browsers by GET /v1/config
     turn_username: str | None = None  # credentials for the turn:/turns: URLs above
     turn_credential: str | None = None
@@ -51,6 +54,8 @@ class GatewayConfig:
             raise ValueError("pumps_per_tick must be at least 1")
         if not 0.0 <= self.pump_lead_s < 0.04:
             raise ValueError("pump_lead_s must be in [0, 40 ms)")
+        if self.webrtc_setup_timeout_s <= 0.0:
+            raise ValueError("webrtc_setup_timeout_s must be positive")
         if self.send_queue_max_s < 0.08:
             raise ValueError("send_queue_max_s must hold at least one 80 ms frame")
         for url in self.ice_servers:

@@ -1,6 +1,12 @@
-"""The engine's command line as `serve` (and `bench engine`) hand it to the engine process."""
+"""The command line: what `serve` (and `bench engine`) hand their child processes, and what
+`serve` refuses before starting any."""
 
-from cadence.cli import _engine_argv, build_parser
+import subprocess
+import sys
+
+import pytest
+
+from cadence.cli import _engine_argv, _gateway_argv, _gateway_config, build_parser
 
 
 def _engine_args_of(serve_argv: list[str]) -> list[str]:
@@ -17,3 +23,30 @@ def test_dependent_launch_is_on_unless_turned_off() -> None:
     assert engine.dependent_launch is False
     default = build_parser().parse_args(["engine", "--control=/tmp/c.sock", "--ring=r"])
     assert default.dependent_launch is True
+
+
+@pytest.mark.parametrize(
+    ("option", "message"),
+    [
+        ("--rtp-ports=30000-20000", "invalid RTP port range"),  # the gateway's
+        ("--slots=0", "slots must be in"),  # the engine's
+        ("--webrtc-setup-timeout-s=0", "webrtc_setup_timeout_s must be positive"),
+    ],
+)
+def test_serve_refuses_a_bad_option_before_starting_anything(option: str, message: str) -> None:
+    serve = subprocess.run(
+        [sys.executable, "-m", "cadence", "serve", "--port=0", "--metrics-port=0", option],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert serve.returncode == 2, serve.stderr
+    assert serve.stderr.count(message) == 1, "said once, by serve: no child tried and retried"
+
+
+def test_serve_hands_the_setup_timeout_to_its_gateway() -> None:
+    serve = build_parser().parse_args(["serve", "--webrtc-setup-timeout-s=12.5"])
+    gateway = build_parser().parse_args(
+        ["gateway", "--engine-control=/tmp/x.sock", *_gateway_argv(serve)]
+    )
+    assert _gateway_config(gateway, gateway.engine_control).webrtc_setup_timeout_s == 12.5

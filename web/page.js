@@ -49,6 +49,7 @@ const END_REASONS = {
   engine_down: ["engine-down", "The call ended."],
   gateway_stopping: ["engine-draining", "The call ended."],
   peer_failed: ["network-lost", ""],
+  setup_timeout: ["failed", "The connection never came up: a firewall may block it (the server may need a TURN server)."],
   hangup: ["call-ended", ""],
 };
 

@@ -11,6 +11,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from aiortc import RTCPeerConnection
 
 from gateway.ice import restrict_host_candidates
 from tests.support.caller import band_limited_noise, place_call
@@ -67,9 +68,6 @@ def test_unknown_calls_are_404(one_slot: Served) -> None:
 
 
 def test_a_full_engine_answers_503_with_retry_after(one_slot: Served) -> None:
-    import urllib.error
-    import urllib.request
-
     async def scenario() -> tuple[int, str | None]:
         talk = asyncio.create_task(place_call(one_slot.url, band_limited_noise(3.0), 2.0))
         await asyncio.sleep(1.0)  # the first call holds the only slot
@@ -92,6 +90,38 @@ def test_a_full_engine_answers_503_with_retry_after(one_slot: Served) -> None:
     assert int(retry_after) > 0
     metrics = one_slot.engine_metrics()
     assert metrics['cadence_engine_admissions_total{outcome="full"}'] >= 1
+
+
+def test_an_offer_whose_browser_never_connects_gives_its_slot_back(tmp_path: Path) -> None:
+    served = start_serve(tmp_path / "serve.log", "--slots=1", "--webrtc-setup-timeout-s=1")
+    try:
+
+        async def abandon() -> str:
+            pc = RTCPeerConnection()
+            pc.addTransceiver("audio", direction="sendrecv")
+            await pc.setLocalDescription(await pc.createOffer())
+            offer = {"sdp": pc.localDescription.sdp, "type": "offer"}
+            loop = asyncio.get_running_loop()
+            status, body = await loop.run_in_executor(
+                None, http_json, "POST", served.url + "/v1/calls", offer
+            )
+            assert status == 201, body
+            await pc.close()  # the tab closes before its connection comes up
+            return str(body["id"])
+
+        call_id = asyncio.run(abandon())
+        deadline = time.monotonic() + 10.0
+        while (answer := served.get(f"/v1/calls/{call_id}"))[0] == 200:
+            assert answer[1]["state"] == "connecting"  # type: ignore[index]
+            assert time.monotonic() < deadline, "the abandoned call kept its slot"
+            time.sleep(0.1)
+        status, body = answer
+        assert status == 410
+        assert body["call"]["end_reason"] == "setup_timeout"  # type: ignore[index]
+        result = asyncio.run(place_call(served.url, band_limited_noise(2.0), 1.0))
+        assert result.record["state"] == "live", "the one slot was free again"
+    finally:
+        stop_serve(served)
 
 
 def test_healthz_reports_the_engine(one_slot: Served) -> None:
