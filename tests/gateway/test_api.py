@@ -112,12 +112,12 @@ def test_an_offer_whose_browser_never_connects_gives_its_slot_back(tmp_path: Pat
         call_id = asyncio.run(abandon())
         deadline = time.monotonic() + 10.0
         while (answer := served.get(f"/v1/calls/{call_id}"))[0] == 200:
-            assert answer[1]["state"] == "connecting"  # type: ignore[index]
+            assert answer[1]["state"] == "connecting"
             assert time.monotonic() < deadline, "the abandoned call kept its slot"
             time.sleep(0.1)
         status, body = answer
         assert status == 410
-        assert body["call"]["end_reason"] == "setup_timeout"  # type: ignore[index]
+        assert body["call"]["end_reason"] == "setup_timeout"
         result = asyncio.run(place_call(served.url, band_limited_noise(2.0), 1.0))
         assert result.record["state"] == "live", "the one slot was free again"
     finally:
