@@ -34,7 +34,7 @@ from prometheus_client.exposition import choose_encoder
 
 from engine.ring import EngineState, SlotState
 from gateway.calls import RETRY_AFTER_S, CallRefused, CallRegistry
-from gateway.phone.bridge import DialError, PhoneBridge
+from gateway.phone.bridge import DialError, DialUnavailable, PhoneBridge
 from gateway.sip.digest import Credentials
 from gateway.webrtc import OfferError
 
@@ -44,6 +44,7 @@ CALLS: web.AppKey[CallRegistry] = web.AppKey("calls", CallRegistry)
 PHONE: web.AppKey[PhoneBridge] = web.AppKey("phone", PhoneBridge)
 MAX_OFFER_BYTES = 64 * 1024
 STALE_HEARTBEAT_S = 1.0
+DIAL_RETRY_AFTER_S = 10  # an RTP port or the SIP socket may free up by then
 
 
 def error(
@@ -133,6 +134,8 @@ async def dial_sip(request: web.Request) -> web.Response:
         return error(503, f"engine_{refused.reason}", str(refused), {"Retry-After": retry})
     except DialError as exc:
         return error(400, "bad_uri", str(exc))
+    except DialUnavailable as exc:
+        return error(503, "dial_unavailable", str(exc), {"Retry-After": str(DIAL_RETRY_AFTER_S)})
     return web.json_response({"id": call.id, "state": call.state}, status=201)
 
 

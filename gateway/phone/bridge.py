@@ -68,6 +68,10 @@ class DialError(ValueError):
     """An outbound call request that cannot be placed (bad URI)."""
 
 
+class DialUnavailable(Exception):
+    """An outbound call the gateway cannot place now (no free RTP port, a socket error)."""
+
+
 @dataclass
 class PhoneCall:
     """One SIP dialog's link to its Cadence call."""
@@ -288,9 +292,12 @@ class PhoneBridge:
                 proxy=self.config.sip_proxy,
                 from_uri=from_uri,
             )
-        except (OSError, SipParseError) as error:
+        except SipParseError as error:
             await self.calls.end(call.id, "dial_failed")
             raise DialError(str(error)) from None
+        except OSError as error:
+            await self.calls.end(call.id, "dial_failed")
+            raise DialUnavailable(str(error)) from None
         phone.sip_call_id = sip_id
         self.phones[sip_id] = phone
         self.signalling.deliver(outputs)

@@ -375,6 +375,27 @@ def test_outbound_hangup_while_ringing_cancels(served: tuple[Served, int], tmp_p
     _idle(server)
 
 
+def test_a_dial_with_no_free_rtp_port_is_503_not_a_bad_uri(tmp_path: Path) -> None:
+    server = start_serve(
+        tmp_path / "serve.log", "--slots=4", f"--sip-port={free_port()}", "--rtp-ports=43000-43002"
+    )
+    try:
+        silent = {"uri": f"sip:nobody@127.0.0.1:{free_port()}"}  # INVITEs go unanswered
+        status, first = http_json("POST", f"{server.url}/v1/calls/sip", silent)
+        assert status == 201, first  # dialling, on the range's one RTP port
+        status, refused = http_json("POST", f"{server.url}/v1/calls/sip", silent)
+        assert status == 503, refused
+        assert refused["error"] == "dial_unavailable"
+        assert "exhausted" in refused["detail"]
+        assert http_json("DELETE", f"{server.url}/v1/calls/{first['id']}")[0] == 200
+        # the call, its slot and its port are given back at once; its INVITE transaction
+        # lives on until timer B (32 s): no CANCEL may go before a provisional response
+        _, health = server.get("/healthz")
+        assert (health["calls"], health["slots_live"], health["rtp_ports_free"]) == (0, 0, 1)
+    finally:
+        stop_serve(server)
+
+
 def test_late_offer_is_answered_in_the_ack(served: tuple[Served, int], tmp_path: Path) -> None:
     server, sip_port = served
     peer = RtpPeer("PCMA", 20, band_limited_noise(4.0))
