@@ -416,10 +416,18 @@ def _gateway_config(args: argparse.Namespace, engine_control: Path) -> "GatewayC
 
 
 def _host_port(text: str) -> tuple[str, int]:
+    """`--sip-proxy`: HOST, HOST:PORT, an IPv6 address bare or as [ADDR] or [ADDR]:PORT."""
+    if text.startswith("["):
+        host, bracket, rest = text[1:].partition("]")
+        if not bracket or (rest and not (rest[0] == ":" and rest[1:].isdigit())):
+            raise ValueError(f"--sip-proxy wants HOST[:PORT] or [IPV6]:PORT, not {text!r}")
+        return host, int(rest[1:]) if rest else 5060
+    if text.count(":") > 1:  # a bare IPv6 address: its last group is no port
+        return text, 5060
     host, colon, port = text.rpartition(":")
     if not colon or not port.isdigit():
         return text, 5060
-    return host.strip("[]"), int(port)
+    return host, int(port)
 
 
 def _port_range(text: str) -> tuple[int, int]:

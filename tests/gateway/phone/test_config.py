@@ -42,6 +42,25 @@ def test_serve_passes_every_sip_flag_to_its_gateway() -> None:
 
 
 @pytest.mark.parametrize(
+    ("text", "host_port"),
+    [
+        ("2001:db8::1", ("2001:db8::1", 5060)),
+        ("[2001:db8::1]", ("2001:db8::1", 5060)),
+        ("[2001:db8::1]:5070", ("2001:db8::1", 5070)),
+        ("192.0.2.7:5080", ("192.0.2.7", 5080)),
+    ],
+)
+def test_the_proxy_address_may_be_ipv6(text: str, host_port: tuple[str, int]) -> None:
+    assert _host_port(text) == host_port
+
+
+@pytest.mark.parametrize("text", ["[2001:db8::1", "[2001:db8::1]5070", "[2001:db8::1]:x"])
+def test_a_malformed_bracketed_proxy_is_refused(text: str) -> None:
+    with pytest.raises(ValueError, match="--sip-proxy"):
+        _host_port(text)
+
+
+@pytest.mark.parametrize(
     ("field", "value", "message"),
     [
         ("sip_port", 70000, "SIP port"),
