@@ -5,7 +5,8 @@ Inbound:
           refused ─► 503 + Retry-After (or 486)          no usable codec ─► 488
           admitted ─► 180 ─► (ring time) ─► RTP port ─► 200 + SDP ─► ACK: live
           (an INVITE without SDP: our offer goes in the 200, the ACK's answer starts media)
-    re-INVITE ─► HoldChanged ─► stop or resume sending (the slot keeps ticking)
+    re-INVITE ─► MediaChanged ─► hold/resume (the slot keeps ticking), or the new address,
+                                 codec or packet time taken
     BYE, CANCEL, session expiry ─► CallEnded ─► CallRegistry.end
     DELETE /v1/calls/{id}, no RTP for rtp_timeout_s, gateway stopping ─► CallRegistry.end
           ─► on_end: BYE (or 480 if not yet answered), RTP socket closed, port given back
@@ -24,7 +25,7 @@ import logging
 import random
 import time
 from collections.abc import Callable, Coroutine
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from gateway.calls import RETRY_AFTER_S, Call, CallRefused, CallRegistry
@@ -45,8 +46,8 @@ from gateway.sip.events import (
     CallEnded,
     CallRinging,
     Event,
-    HoldChanged,
     IncomingCall,
+    MediaChanged,
     Output,
     Registered,
     RegistrationFailed,
@@ -167,8 +168,8 @@ class PhoneBridge:
             phone.call.state = "ringing"
         elif isinstance(event, CallAnswered) and phone.call is not None:
             self._answered(phone, phone.call, event.remote_sdp)
-        elif isinstance(event, HoldChanged) and phone.rtp is not None:
-            self._hold(phone, phone.rtp, event)
+        elif isinstance(event, MediaChanged) and phone.rtp is not None:
+            self._media_changed(phone, phone.rtp, event.stream)
         elif isinstance(event, CallEnded):
             reason = END_REASONS.get(event.reason, event.reason)
             phone.gone = reason
@@ -179,15 +180,28 @@ class PhoneBridge:
     async def _end(self, call_id: str, reason: str) -> None:
         await self.calls.end(call_id, reason)
 
-    def _hold(self, phone: PhoneCall, rtp: RtpStream, event: HoldChanged) -> None:
-        stream = _negotiate(event.remote_sdp, self.config.sip_address)
-        remote = None
-        if stream is not None and stream.remote_address not in ("0.0.0.0", "::"):
-            remote = (stream.remote_address, stream.remote_port)
-        rtp.set_direction(event.direction, remote)
+    def _media_changed(self, phone: PhoneCall, rtp: RtpStream, stream: AudioStream) -> None:
+        """A re-offer settled: hold or resume, or the peer's media moved or changed codec."""
+        if stream.remote_address in ("0.0.0.0", "::"):  # the old hold form: address unchanged
+            declared = rtp.stream
+            stream = replace(
+                stream, remote_address=declared.remote_address, remote_port=declared.remote_port
+            )
+        if stream != rtp.stream:
+            if phone.decoder is not None:
+                phone.decoder.use(stream.codec)
+            rtp.accept(stream)  # packet size, payload type, direction and address with it
         assert phone.call is not None
-        phone.call.state = "live" if event.direction == "sendrecv" else "held"
-        log.info("call %s: direction %s", phone.call.id, event.direction)
+        phone.call.state = "live" if stream.direction == "sendrecv" else "held"
+        log.info(
+            "call %s: %s %s %d ms to %s:%d",
+            phone.call.id,
+            stream.direction,
+            stream.codec,
+            stream.ptime_ms,
+            stream.remote_address,
+            stream.remote_port,
+        )
 
     # -- inbound setup -----------------------------------------------------------------------
 

@@ -26,8 +26,8 @@ from gateway.sip.caller import ALLOW
 from gateway.sip.dialog import Dialog, DialogInput
 from gateway.sip.events import (
     CallConfirmed,
-    HoldChanged,
     IncomingCall,
+    MediaChanged,
     MessageDropped,
     Output,
 )
@@ -333,10 +333,11 @@ class Agent(Upkeep):
                 return self._respond(txn, 488, now, to_tag=tag)
             if replace(sdp, origin=local.origin) == local:
                 sdp = local  # an unchanged answer keeps its o= version (RFC 3264 section 8)
+            previous = call.remote_sdp
             call.local_sdp, call.remote_sdp = sdp, reoffer
-            if stream.direction != call.direction:
-                call.direction = stream.direction
-                out.append(HoldChanged(call.call_id, stream.direction, reoffer))
+            moved = previous is None or replace(reoffer, origin=previous.origin) != previous
+            if call.settle(stream, moved):
+                out.append(MediaChanged(call.call_id, stream, reoffer))
         # A re-INVITE always carries our SDP (an answer, or our offer if it had none); an
         # UPDATE only when it carried an offer.
         if call.local_sdp is not None and (request.method == "INVITE" or request.body):

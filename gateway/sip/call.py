@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from gateway.sip.dialog import Dialog
 from gateway.sip.digest import Credentials
 from gateway.sip.message import Request
-from gateway.sip.sdp import SessionDescription
+from gateway.sip.sdp import AudioStream, SessionDescription
 from gateway.sip.session_timer import SessionTimer
 from gateway.sip.transaction import Address, ClientInvite, ServerInvite, State, Transaction
 
@@ -36,6 +36,7 @@ class Call:
     local_sdp: SessionDescription | None = None
     remote_sdp: SessionDescription | None = None
     direction: str = "sendrecv"  # the media direction in force, from our side
+    stream: AudioStream | None = None  # the media in force, once an in-dialog exchange settled it
     wanted_direction: str = "sendrecv"  # what our last `reinvite` asked for
     ringing: bool = False
     answered: bool = False
@@ -67,6 +68,15 @@ class Call:
         if self.session_timer is not None and self.confirmed:
             found.append(self.session_timer.deadline(self.last_refresh))
         return [d for d in found if d is not None]
+
+    def settle(self, stream: AudioStream, moved: bool) -> bool:
+        """Record what an in-dialog offer/answer settled; True if the media in force changed
+        (`moved`: the peer's SDP did, for when no earlier exchange is on record)."""
+        changed = stream.direction != self.direction or (
+            stream != self.stream if self.stream is not None else moved
+        )
+        self.stream, self.direction = stream, stream.direction
+        return changed
 
     def reinvite_pending(self) -> bool:
         return self.reinvite is not None and self.reinvite.state in (

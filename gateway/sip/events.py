@@ -11,7 +11,7 @@ import functools
 import ipaddress
 from dataclasses import dataclass, field
 
-from gateway.sip.sdp import SessionDescription
+from gateway.sip.sdp import AudioStream, SessionDescription
 from gateway.sip.transaction import Address, Outgoing, Timers
 
 
@@ -51,12 +51,18 @@ class CallConfirmed:
 
 
 @dataclass(frozen=True)
-class HoldChanged:
-    """The peer re-offered: `direction` is ours now (sendrecv, sendonly, recvonly, inactive)."""
+class MediaChanged:
+    """An offer/answer in the dialog changed the media: `stream` is what is in force now, its
+    direction ours (sendrecv, sendonly, recvonly, inactive; hold and resume), its address,
+    codec, payload types and packet time the peer's (a PBX moving the media, a transfer)."""
 
     call_id: str
-    direction: str
+    stream: AudioStream
     remote_sdp: SessionDescription
+
+    @property
+    def direction(self) -> str:
+        return self.stream.direction
 
 
 @dataclass(frozen=True)
@@ -94,7 +100,7 @@ Event = (
     | CallRinging
     | CallAnswered
     | CallConfirmed
-    | HoldChanged
+    | MediaChanged
     | CallEnded
     | Registered
     | RegistrationFailed

@@ -16,7 +16,7 @@ from dataclasses import replace
 from gateway.sip import session_timer
 from gateway.sip.call import Call, CallStateError
 from gateway.sip.caller import ALLOW, Caller
-from gateway.sip.events import HoldChanged, MessageDropped, Output, RegistrationFailed
+from gateway.sip.events import MediaChanged, MessageDropped, Output, RegistrationFailed
 from gateway.sip.headers import SipParseError
 from gateway.sip.message import Response, response_to
 from gateway.sip.sdp import accepted_stream, parse_sdp
@@ -89,9 +89,8 @@ class Upkeep(Caller):
         if remote is not None:
             call.remote_sdp = remote
             stream = accepted_stream(remote)
-            if stream is not None and stream.direction != call.direction:
-                call.direction = stream.direction
-                out.append(HoldChanged(call.call_id, stream.direction, remote))
+            if stream is not None and call.settle(stream, moved=False):
+                out.append(MediaChanged(call.call_id, stream, remote))
         return out
 
     def _on_refresh_response(self, call: Call, response: Response, now: float) -> list[Output]:

@@ -19,7 +19,7 @@ import pytest
 
 from gateway.rtp.g711 import ulaw_encode
 from gateway.rtp.session import RtpSender
-from tests.sip.peer import RtpPeer, band_limited_noise, echo_delay
+from tests.sip.peer import PAYLOAD_TYPES, RtpPeer, band_limited_noise, echo_delay
 from tests.sip.sipp import run_sipp, start_sipp
 from tests.support.server import Served, free_port, http_json, start_serve, stop_serve
 
@@ -201,6 +201,35 @@ def test_hold_stops_sending_and_resume_restarts(served: tuple[Served, int], tmp_
     arrivals = [h.arrival_s for h in peer.heard]
     longest_gap = max(b - a for a, b in itertools.pairwise(arrivals))
     assert 1.5 < longest_gap < 2.6, f"no silence while held: longest gap {longest_gap:.2f} s"
+    _idle(server)
+
+
+def test_a_reinvite_moves_the_media_to_a_new_port_and_codec(
+    served: tuple[Served, int], tmp_path: Path
+) -> None:
+    server, sip_port = served
+    # the first media only listens (under the 3 s RTP timeout), so the move is what makes sound
+    first = RtpPeer("PCMA", 20, band_limited_noise(0.5), mute=True)
+    moved = RtpPeer("PCMU", 20, band_limited_noise(1.5))  # where the re-INVITE moves it
+    keys = {
+        **_call_keys(first),
+        "rtp_port_b": str(moved.port),
+        "codec_b": CODECS["PCMU"],
+        "codec_name_b": "PCMU",
+    }
+    try:
+        sipp = start_sipp(tmp_path, "move.xml", sip_port, duration_ms=2000, keys=keys)
+        call_id = _live_call(server)["id"]
+        assert sipp.wait(30) == 0, sipp.errors()
+    finally:
+        first.stop()
+        moved.stop()
+    assert {h.payload_type for h in first.heard} == {PAYLOAD_TYPES["PCMA"]}
+    assert {h.payload_type for h in moved.heard} == {PAYLOAD_TYPES["PCMU"]}, "sent on, in PCMU"
+    peak, _ = echo_delay(moved)  # what the new media sent came back to it
+    assert peak > MIN_CORRELATION
+    record = _final_record(server, call_id)
+    assert record["sip"]["codec"] == "PCMU"
     _idle(server)
 
 

@@ -13,8 +13,8 @@ from gateway.sip.events import (
     AgentConfig,
     CallConfirmed,
     CallEnded,
-    HoldChanged,
     IncomingCall,
+    MediaChanged,
     MessageDropped,
     Output,
     Registered,
@@ -209,7 +209,7 @@ def test_freeswitch_call_with_hold_reinvite_and_out_of_order_cseq() -> None:
     tag = ok.to_addr.tag or ""
     hold = sample("freeswitch_reinvite_hold.sip").replace(b"tag=TAG", f"tag={tag}".encode())
     out = agent.receive(hold, PBX, "udp", 1.0)
-    [held] = [o for o in out if isinstance(o, HoldChanged)]
+    [held] = [o for o in out if isinstance(o, MediaChanged)]
     assert held.direction == "recvonly"
     [reoffer_ok] = responses(out)
     assert b"a=recvonly" in reoffer_ok.body
@@ -224,6 +224,32 @@ def test_freeswitch_call_with_hold_reinvite_and_out_of_order_cseq() -> None:
     assert CallEnded(call.call_id, "remote_hangup") in out
 
 
+def test_a_reinvite_that_moves_the_media_and_changes_codec_is_reported() -> None:
+    agent = cadence()
+    _, ok, _ = confirmed_freeswitch_call(agent)
+    hold = sample("freeswitch_reinvite_hold.sip").replace(
+        b"tag=TAG", f"tag={ok.to_addr.tag}".encode()
+    )
+    moved = (  # a PBX handing the call to another media server: same direction, same lengths
+        hold.replace(b"a=sendonly", b"a=sendrecv")
+        .replace(b"c=IN IP4 10.0.0.4", b"c=IN IP4 10.0.0.9")
+        .replace(b"m=audio 24568 RTP/AVP 8 101", b"m=audio 30010 RTP/AVP 0 101")
+        .replace(b"a=rtpmap:8 PCMA/8000", b"a=rtpmap:0 PCMU/8000")
+    )
+    out = agent.receive(moved, PBX, "udp", 1.0)
+    [change] = [o for o in out if isinstance(o, MediaChanged)]
+    stream = change.stream
+    assert (stream.direction, stream.codec, stream.payload_type) == ("sendrecv", "PCMU", 0)
+    assert (stream.remote_address, stream.remote_port) == ("10.0.0.9", 30010)
+    [reply] = responses(out)
+    assert b"RTP/AVP 0 101" in reply.body
+    again = moved.replace(b"CSeq: 112736212", b"CSeq: 112736213")
+    again = again.replace(b"z9hG4bKQ2", b"z9hG4bKQ4")
+    out = agent.receive(again, PBX, "udp", 2.0)
+    assert statuses(out) == [200]
+    assert [o for o in out if isinstance(o, MediaChanged)] == [], "the same offer moves nothing"
+
+
 def test_update_with_an_offer_is_answered_in_its_200() -> None:
     agent = cadence()
     _, ok, _ = confirmed_freeswitch_call(agent)
@@ -235,7 +261,7 @@ def test_update_with_an_offer_is_answered_in_its_200() -> None:
     [reply] = responses(out)
     assert reply.status == 200
     assert b"a=recvonly" in reply.body
-    assert [o.direction for o in out if isinstance(o, HoldChanged)] == ["recvonly"]
+    assert [o.direction for o in out if isinstance(o, MediaChanged)] == ["recvonly"]
     assert agent.handle_timer(5.0) == []  # a 2xx to UPDATE is not retransmitted
 
 

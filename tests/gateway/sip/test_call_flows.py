@@ -9,8 +9,8 @@ from gateway.sip.events import (
     CallConfirmed,
     CallEnded,
     CallRinging,
-    HoldChanged,
     IncomingCall,
+    MediaChanged,
     Output,
 )
 from gateway.sip.message import Request, parse_message, response_to
@@ -127,12 +127,12 @@ def test_hold_and_resume_by_reinvite() -> None:
     answer_call(uas, wire, call_id)
     wire.take(uac, uac.reinvite(call_id, "sendonly", wire.now))
     wire.pump()
-    held = wire.of(uas, HoldChanged)
+    held = wire.of(uas, MediaChanged)
     assert [e.direction for e in held] == ["recvonly"]
-    assert [e.direction for e in wire.of(uac, HoldChanged)] == ["sendonly"]
+    assert [e.direction for e in wire.of(uac, MediaChanged)] == ["sendonly"]
     wire.take(uac, uac.reinvite(call_id, "sendrecv", wire.now))
     wire.pump()
-    assert [e.direction for e in wire.of(uas, HoldChanged)] == ["recvonly", "sendrecv"]
+    assert [e.direction for e in wire.of(uas, MediaChanged)] == ["recvonly", "sendrecv"]
     wire.advance(wire.now + 40)
     assert uac.live_dialogs() == uas.live_dialogs() == 1
     assert wire.of(uas, CallEnded) == []
@@ -286,7 +286,7 @@ def test_session_refresh_by_reinvite_when_the_peer_lacks_update() -> None:
     wire.advance(100)
     assert wire.sent(uac).count(f"INVITE {UAS_URI} SIP/2.0") == 3  # the call and 2 refreshes
     assert not [line for line in wire.sent(uac) if line.startswith("UPDATE")]
-    assert wire.of(uas, HoldChanged) == []  # same SDP, same o= version: nothing changed
+    assert wire.of(uas, MediaChanged) == []  # same SDP, same o= version: nothing changed
     assert uac.calls[call_id].local_sdp == ours
     assert uas.calls[call_id].local_sdp == theirs  # an unchanged answer keeps its version
     assert uac.live_dialogs() == uas.live_dialogs() == 1
@@ -343,7 +343,7 @@ def test_glare_both_hold_at_once_then_retry_apart() -> None:
     wire.advance(wire.now + 10)
     # The callee retries first (0-2 s), the caller later (2.1-4 s). Each answer allows only
     # what both sides want, so two holds meet at inactive, and the second changes nothing.
-    assert [e.direction for e in wire.of(uac, HoldChanged)] == ["inactive"]
-    assert [e.direction for e in wire.of(uas, HoldChanged)] == ["inactive"]
+    assert [e.direction for e in wire.of(uac, MediaChanged)] == ["inactive"]
+    assert [e.direction for e in wire.of(uas, MediaChanged)] == ["inactive"]
     assert wire.sent(uac).count("INVITE sip:cadence@127.0.0.1:5070 SIP/2.0") == 3
     assert wire.sent(uas).count("INVITE sip:cadence@127.0.0.1:5060 SIP/2.0") == 2
