@@ -90,6 +90,7 @@ class CallRegistry:
         self.calls: dict[str, Call] = {}
         self._ending: set[asyncio.Task[dict[str, Any] | None]] = set()  # see _end_soon
         self.ended: OrderedDict[str, dict[str, Any]] = OrderedDict()
+        self.stopping = False  # set once the gateway stops: no call is admitted after that
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -125,7 +126,10 @@ class CallRegistry:
             call.pc, answer_sdp = await answer(
                 offer_sdp, uplink, downlink, self.grid, on_state, on_captions
             )
+            self._refuse_if_stopping(call_id)  # the gateway may have begun to stop meanwhile
         except BaseException:
+            if call.pc is not None:
+                await call.pc.close()
             await self._release(lease)
             raise
         self._register(call, t0)
@@ -184,13 +188,14 @@ class CallRegistry:
         )
 
     async def _admit(self, call_id: str) -> SlotLease:
+        self._refuse_if_stopping(call_id)
         if self.engine.hello.get("ring") != self.ring.name:
             # reconnected to a new engine that is still warming up: its slots are in a ring the
             # media clock has not switched to yet (gateway/main.py re-attaches once it is ready)
             self.metrics.admission_refusals.labels("unavailable").inc(1, {"call_id": call_id})
             raise CallRefused("unavailable", "the engine is restarting")
         try:
-            return await self.engine.open(call_id)
+            lease = await self.engine.open(call_id)
         except EngineRefused as refused:
             self.metrics.admission_refusals.labels(refused.reason).inc(1, {"call_id": call_id})
             raise CallRefused(
@@ -199,6 +204,15 @@ class CallRegistry:
         except EngineUnavailable as exc:
             self.metrics.admission_refusals.labels("unavailable").inc(1, {"call_id": call_id})
             raise CallRefused("unavailable", str(exc)) from None
+        if self.stopping:  # the gateway began to stop while the engine answered
+            await self._release(lease)
+            self._refuse_if_stopping(call_id)
+        return lease
+
+    def _refuse_if_stopping(self, call_id: str) -> None:
+        if self.stopping:
+            self.metrics.admission_refusals.labels("draining").inc(1, {"call_id": call_id})
+            raise CallRefused("draining", "the gateway is stopping")
 
     async def _release(self, lease: SlotLease) -> None:
         # if the engine is gone, it freed every slot of this gateway when the socket closed

@@ -117,6 +117,7 @@ async def _serve(config: GatewayConfig) -> int:
     await stop.wait()
 
     log.info("gateway stopping: ending %d calls", len(calls.calls))
+    calls.stopping = True  # before ending them: a call admitted now would get no goodbye
     watch.cancel()
     await calls.end_all("gateway_stopping")
     if phone is not None:

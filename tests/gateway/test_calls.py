@@ -189,6 +189,28 @@ def test_the_grid_counts_the_frame_completing_instants_in_a_range(
     assert grid.release(8) == pytest.approx(100.0 + 2 * 0.08)
 
 
+def test_a_stopping_gateway_admits_no_call(
+    restarted: tuple[SharedRing, SharedRing, SlotTable, Path],
+) -> None:
+    _, new, table, path = restarted
+
+    async def scenario() -> None:
+        metrics = GatewayMetrics()
+        client, calls = await _registry(path, new, metrics)
+        calls.stopping = True
+        with pytest.raises(CallRefused) as refused:
+            await calls.start_sip(G711Decoder("PCMU"), 160)
+        assert refused.value.reason == "draining"
+        assert (calls.calls, table.live_count) == ({}, 0)
+        sample = metrics.registry.get_sample_value(
+            "cadence_gateway_admission_refusals_total", {"reason": "draining"}
+        )
+        assert sample == 1.0
+        await client.close()
+
+    asyncio.run(scenario())
+
+
 def test_every_refusal_reason_has_a_retry_after() -> None:
     """HTTP and SIP 503s read one table: each reason the metrics know has its wait (the SIP
     bridge's own table once lacked "starting" and told phones 10 s where HTTP said 5)."""
