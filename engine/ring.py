@@ -131,6 +131,35 @@ def _attach_untracked(name: str) -> shared_memory.SharedMemory:
     return shm
 
 
+def _remove_if_abandoned(name: str) -> None:
+    """Unlink segment `name` if it is a Cadence ring whose engine process is gone."""
+    shm = _attach_untracked(name)
+    try:
+        header: NDArray[np.void] | None = None
+        if shm.size >= HEADER_BYTES:
+            header = np.ndarray((), HEADER_DTYPE, shm.buf, 0).copy()
+        if header is None or bytes(header["magic"]) != MAGIC:
+            raise ValueError(f"shared-memory segment {name!r} exists and is not a Cadence ring")
+        pid = int(header["engine_pid"])
+        if _alive(pid):
+            raise ValueError(f"shared-memory segment {name!r} is in use by engine pid {pid}")
+    finally:
+        shm.close()
+    tracked = shared_memory.SharedMemory(name=name)  # its unlink unregisters what this registers
+    tracked.close()
+    tracked.unlink()
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's live process
+        return True
+    return True
+
+
 def _aligned(n: int) -> int:
     return (n + ALIGN - 1) // ALIGN * ALIGN
 
@@ -182,8 +211,14 @@ class SharedRing:
 
     @classmethod
     def create(cls, name: str, spec: RingSpec) -> Self:
+        """A new segment; one left behind by an engine that is dead (killed with its resource
+        tracker) is removed first, one whose engine lives, or a foreign one, is a ValueError."""
         size = _Offsets.of(spec).total
-        shm = shared_memory.SharedMemory(name=name, create=True, size=size)
+        try:
+            shm = shared_memory.SharedMemory(name=name, create=True, size=size)
+        except FileExistsError:
+            _remove_if_abandoned(name)
+            shm = shared_memory.SharedMemory(name=name, create=True, size=size)
         ring = cls(shm, spec, owner=True)
         np.ndarray((size,), np.uint8, shm.buf)[:] = 0
         h = ring.header

@@ -1,9 +1,15 @@
 """The shared-memory ring across two real processes."""
 
 import multiprocessing as mp
+import os
+import signal
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
+from multiprocessing import shared_memory
 from multiprocessing.synchronize import Event
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -22,6 +28,7 @@ SPEC = RingSpec(
     slots=4, frame_samples=1920, sample_rate=24000, tokens=3, depth=4, tick_period_ns=80_000_000
 )
 CTX = mp.get_context("spawn")
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture
@@ -57,6 +64,40 @@ def test_attach_reads_the_layout_and_rejects_foreign_segments(ring: SharedRing) 
     other.close()
     with pytest.raises(RingError, match="no shared-memory segment"):
         SharedRing.attach("cadence-no-such-segment")
+
+
+def test_a_segment_left_by_a_killed_engine_is_replaced_and_a_live_ones_is_refused() -> None:
+    name = f"cadence-test-left-{time.monotonic_ns()}"
+    killed = (  # an engine SIGKILLed with its resource tracker: nothing unlinks its segment
+        "import os, signal\n"
+        "from multiprocessing import resource_tracker\n"
+        "from engine.ring import RingSpec, SharedRing\n"
+        f"ring = SharedRing.create({name!r}, RingSpec(2, 1920, 24000, 3, 4, 80_000_000))\n"
+        "resource_tracker.unregister(ring._shm._name, 'shared_memory')\n"
+        "os.kill(os.getpid(), signal.SIGKILL)\n"
+    )
+    engine = subprocess.run([sys.executable, "-c", killed], cwd=ROOT, check=False)
+    assert engine.returncode == -signal.SIGKILL
+    assert Path("/dev/shm", name).exists(), "the dead engine's segment was left behind"
+    ring = SharedRing.create(name, SPEC)  # the next engine under the same name starts
+    try:
+        assert ring.spec == SPEC
+        with pytest.raises(ValueError, match=f"in use by engine pid {os.getpid()}"):
+            SharedRing.create(name, SPEC)
+    finally:
+        ring.close()
+
+
+def test_a_foreign_segment_of_the_same_name_is_refused_not_removed() -> None:
+    name = f"cadence-test-foreign-{time.monotonic_ns()}"
+    foreign = shared_memory.SharedMemory(name=name, create=True, size=4096)
+    try:
+        with pytest.raises(ValueError, match="is not a Cadence ring"):
+            SharedRing.create(name, SPEC)
+        assert Path("/dev/shm", name).exists()
+    finally:
+        foreign.close()
+        foreign.unlink()
 
 
 def test_frames_cross_processes_whole_and_never_torn(ring: SharedRing) -> None:
