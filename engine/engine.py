@@ -81,6 +81,8 @@ class Engine:
 
     def opened(self, call_id: str, admission: Admission) -> None:
         ctrl = self.ring.control[admission.slot]
+        for field in CALL_COUNTERS:  # before the generation: its readers see no old counts
+            ctrl[field] = 0
         ctrl["generation"] = admission.generation
         ctrl["state"] = SlotState.LIVE
         self._call_ids[admission.slot] = call_id
