@@ -25,6 +25,7 @@ log = logging.getLogger(__name__)
 
 WATCH_PERIOD_S = 0.5
 STALE_HEARTBEAT_S = 1.0
+FAREWELL_S = 1.5  # HTTP stays up this long after the calls end: over one page poll (1 s)
 
 
 def run_gateway(config: GatewayConfig) -> int:
@@ -119,7 +120,12 @@ async def _serve(config: GatewayConfig) -> int:
     log.info("gateway stopping: ending %d calls", len(calls.calls))
     calls.stopping = True  # before ending them: a call admitted now would get no goodbye
     watch.cancel()
+    ending = len(calls.calls)
     await calls.end_all("gateway_stopping")
+    if ending:
+        # the page learns why its call ended from the record it polls every second (410
+        # gateway_stopping); without this it would only see its connection fail
+        await asyncio.sleep(FAREWELL_S)
     if phone is not None:
         await phone.stop()
     clock_task[0].cancel()

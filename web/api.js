@@ -16,6 +16,7 @@ const REQUEST_TIMEOUT_MS = 8000;
 const REFUSALS = {
   engine_full: "server-full",
   engine_draining: "engine-draining",
+  engine_starting: "engine-starting",
   engine_unavailable: "engine-down",
   unauthorized: "unauthorized",
 };

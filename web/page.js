@@ -34,6 +34,7 @@ const NOTICES = {
   "server-full": { tone: "warn", action: "Try again",
     text: "Server full: every line is in a call right now. Cadence admits a call only when it can meet all 80 ms deadlines." },
   "engine-draining": { tone: "warn", action: "Try again", text: "The server is restarting and takes no new calls." },
+  "engine-starting": { tone: "warn", action: "Try again", text: "The speech engine is still starting." },
   "engine-down": { tone: "bad", action: "Call again", text: "The speech engine is down." },
   "unreachable": { tone: "bad", action: "Try again", text: "The Cadence server does not answer." },
   "engine-back": { tone: "", action: "Call again", text: "The speech engine is back." },
@@ -72,7 +73,7 @@ function setState(state) {
   document.body.dataset.state = state;
   $("call").hidden = state === "live" || state === "connecting";
   $("hangup").hidden = !($("call").hidden);
-  $("call").disabled = state === "starting";
+  $("call").disabled = state === "starting" || config === null; // no call before /v1/config
   $("state-label").textContent = {
     idle: "Ready", starting: "Opening the microphone…", connecting: "Connecting…",
     live: "In a call", ended: "Call ended",
@@ -93,7 +94,7 @@ function resetCaptions() {
 }
 
 async function startCall() {
-  if (session) return;
+  if (session || !config) return;
   notify(null);
   panel.reset();
   resetCaptions();

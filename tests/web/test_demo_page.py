@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from playwright.sync_api import Browser, BrowserContext, Page
+from playwright.sync_api import Browser, BrowserContext, Page, Route
 from playwright.sync_api import TimeoutError as PlaywrightTimeout
 
 from tests.support.server import Served, children_of, http_json, start_serve, stop_serve
@@ -54,10 +54,14 @@ class Pages:
         self._browser = browser
         self._contexts: list[BrowserContext] = []
 
-    def open(self, url: str, width: int = 1280, height: int = 900) -> Page:
+    def new_page(self, width: int = 1280, height: int = 900) -> Page:
+        """A blank page in a fresh context."""
         context = self._browser.new_context(viewport={"width": width, "height": height})
         self._contexts.append(context)
-        page = context.new_page()
+        return context.new_page()
+
+    def open(self, url: str, width: int = 1280, height: int = 900) -> Page:
+        page = self.new_page(width, height)
         errors: list[str] = []
         page.on("pageerror", lambda exc: errors.append(str(exc)))
         page.goto(url)
@@ -200,6 +204,48 @@ def test_a_dead_engine_ends_the_call_with_a_clear_message(pages: Pages, served: 
     page.wait_for_function("window.cadence.state === 'live'", timeout=LIVE_WAIT_MS)
     page.click("#hangup")
     wait_calls_empty(served)
+
+
+def test_a_server_that_stops_mid_call_says_so(pages: Pages, served: Served) -> None:
+    page = pages.open(served.url)
+    call_live(page)
+    served.process.send_signal(signal.SIGTERM)  # serve stops: its gateway ends every call
+    assert "restarting" in wait_notice(page, "engine-draining", timeout_ms=10_000)
+    assert page.evaluate("window.cadence.state") == "ended"
+    assert "network-lost" not in page.evaluate("window.cadence.notices")
+    assert served.process.wait(30) == 0
+
+
+def test_no_call_starts_before_the_page_has_its_config(pages: Pages, served: Served) -> None:
+    page = pages.new_page()
+    held: list[Route] = []
+    page.route("**/v1/config", lambda route: held.append(route))  # the server is slow
+    page.goto(served.url)
+    page.wait_for_function("window.cadence !== undefined")
+    page.wait_for_timeout(300)
+    assert held, "the page asked for its config"
+    assert page.is_disabled("#call")
+    page.evaluate("document.getElementById('call').click()")  # a click that gets through
+    assert page.evaluate("[window.cadence.state, window.cadence.notice]") == ["idle", None]
+    held[0].continue_()
+    page.wait_for_function("!document.getElementById('call').disabled")
+    call_live(page)
+    page.click("#hangup")
+    wait_calls_empty(served)
+
+
+def test_an_engine_still_starting_is_explained_with_its_retry(pages: Pages, served: Served) -> None:
+    page = pages.open(served.url)
+    starting = {"error": "engine_starting", "detail": "engine refused the call: starting"}
+    page.route(  # the answer a gateway gives while its engine warms up
+        "**/v1/calls",
+        lambda route: route.fulfill(status=503, json=starting, headers={"Retry-After": "5"}),
+    )
+    page.click("#call")
+    text = wait_notice(page, "engine-starting")
+    assert "still starting" in text
+    assert "Try again in 5 s" in text
+    assert page.evaluate("window.cadence.state") == "idle"
 
 
 AUTH_SERVE_ARGS = (
