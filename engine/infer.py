@@ -1,20 +1,23 @@
 """`cadence infer`: run a WAV file through a model offline, with the same batched `step` the
 engine runs live (one slot, one 80 ms frame per step).
 
-Reads any PCM WAV (8/16/24/32-bit integer, mono or interleaved channels, any rate; channels
-are averaged, the rate converted with soxr), writes 16-bit mono WAV at the model rate, and
-optionally the emitted tokens of every frame as JSON lines:
+Reads any integer PCM WAV (8/16/24/32-bit, plain or WAVE_FORMAT_EXTENSIBLE, mono or
+interleaved channels, any rate; channels are averaged, the rate converted with soxr), writes
+16-bit mono WAV at the model rate, and optionally the emitted tokens of every frame as JSON
+lines:
 
     {"frame": 3, "tokens": [text, audio_1, ..., audio_8], "text": " hello"}
 
 One trailing frame of silence is stepped so the last input frame's answer is emitted; tokens
-are -1 where nothing was emitted yet (the first frame). Bad input files and missing or
-mismatched checkpoints exit with status 2 and a one-line message.
+are -1 where nothing was emitted yet (the first frame). Bad input files, output paths that
+cannot be written (checked before the run), bad options and missing or mismatched
+checkpoints exit with status 2 and a one-line message.
 """
 
 import argparse
 import json
 import logging
+import os
 import sys
 import wave
 from pathlib import Path
@@ -26,6 +29,8 @@ logger = logging.getLogger(__name__)
 
 EXIT_USAGE = 2
 SAMPLE_WIDTH_SCALE = {1: 128.0, 2: 32768.0, 3: 8388608.0, 4: 2147483648.0}
+WAVE_FORMAT_PCM = 0x0001
+WAVE_FORMAT_EXTENSIBLE = 0xFFFE
 
 
 class InputError(ValueError):
@@ -43,7 +48,12 @@ def add_infer_arguments(parser: argparse.ArgumentParser) -> None:
         "--config", default="7b", help="tiny | 7b | moshiko | personaplex | a .json/.toml file"
     )
     parser.add_argument(
-        "--random-weights", type=int, metavar="SEED", help="seeded random weights, no checkpoint"
+        "--random-weights",
+        type=int,
+        nargs="?",
+        const=0,
+        metavar="SEED",
+        help="seeded random weights, no checkpoint (seed 0 when none is given)",
     )
     parser.add_argument("--device", default="cpu", help="cpu | cuda | cuda:N")
     parser.add_argument(
@@ -58,17 +68,20 @@ def add_infer_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def read_wav(path: Path) -> tuple[NDArray[np.float32], int]:
-    """Mono float32 samples in [-1, 1] and the sample rate of an integer PCM WAV."""
+    """Mono float32 samples in [-1, 1] and the sample rate of an integer PCM WAV (plain PCM or
+    WAVE_FORMAT_EXTENSIBLE with a PCM subformat, as sox and ffmpeg write 24-bit and
+    multichannel files)."""
     try:
-        with wave.open(str(path), "rb") as wav:
-            channels = wav.getnchannels()
-            width = wav.getsampwidth()
-            rate = wav.getframerate()
-            raw = wav.readframes(wav.getnframes())
-    except (OSError, EOFError, wave.Error) as error:
-        raise InputError(f"cannot read WAV {path}: {error}") from error
+        data = path.read_bytes()
+    except OSError as error:
+        raise InputError(f"cannot read {path}: {error.strerror or error}") from error
+    channels, width, rate, raw = _pcm_chunks(data, path)
     if width not in SAMPLE_WIDTH_SCALE:
         raise InputError(f"unsupported WAV sample width in {path}: {width} bytes")
+    usable = len(raw) - len(raw) % (width * channels)  # a truncated last frame is dropped
+    raw = raw[:usable]
+    if not raw:
+        raise InputError(f"WAV {path} holds no audio")
     if width == 1:
         samples = np.frombuffer(raw, np.uint8).astype(np.float32) - 128.0
     elif width == 3:
@@ -78,19 +91,60 @@ def read_wav(path: Path) -> tuple[NDArray[np.float32], int]:
     else:
         samples = np.frombuffer(raw, f"<i{width}").astype(np.float32)
     samples = samples / SAMPLE_WIDTH_SCALE[width]
-    if samples.size == 0:
-        raise InputError(f"WAV {path} holds no audio")
     mono = samples.reshape(-1, channels).mean(axis=1)
     return mono.astype(np.float32), rate
 
 
+def _pcm_chunks(data: bytes, path: Path) -> tuple[int, int, int, bytes]:
+    """(channels, bytes per sample, rate, sample data) from a RIFF/WAVE file's chunks."""
+    if len(data) < 12 or data[:4] != b"RIFF" or data[8:12] != b"WAVE":
+        raise InputError(f"{path} is not a WAV file (no RIFF/WAVE header)")
+    fmt: bytes | None = None
+    offset = 12
+    while offset + 8 <= len(data):
+        chunk, size = (
+            data[offset : offset + 4],
+            int.from_bytes(data[offset + 4 : offset + 8], "little"),
+        )
+        body = data[offset + 8 : offset + 8 + size]
+        if chunk == b"fmt ":
+            fmt = body
+        elif chunk == b"data":
+            if fmt is None or len(fmt) < 16:
+                raise InputError(f"WAV {path} has no format chunk before its data")
+            tag = int.from_bytes(fmt[0:2], "little")
+            if tag == WAVE_FORMAT_EXTENSIBLE and len(fmt) >= 26:
+                tag = int.from_bytes(fmt[24:26], "little")  # the subformat GUID's first two bytes
+            if tag != WAVE_FORMAT_PCM:
+                raise InputError(f"WAV {path} is not integer PCM (format {tag:#06x})")
+            channels = int.from_bytes(fmt[2:4], "little")
+            rate = int.from_bytes(fmt[4:8], "little")
+            bits = int.from_bytes(fmt[14:16], "little")
+            if channels < 1 or rate < 1 or bits % 8:
+                raise InputError(f"WAV {path}: {channels} channels, {rate} Hz, {bits} bits")
+            return channels, bits // 8, rate, body
+        offset += 8 + size + size % 2  # chunks are padded to an even size
+    raise InputError(f"WAV {path} has no data chunk")
+
+
 def write_wav(path: Path, pcm: NDArray[np.float32], rate: int) -> None:
     pcm_i16 = (np.clip(pcm, -1.0, 1.0) * 32767.0).round().astype("<i2")
-    with wave.open(str(path), "wb") as wav:
+    with path.open("wb") as file, wave.open(file, "wb") as wav:
         wav.setnchannels(1)
         wav.setsampwidth(2)
         wav.setframerate(rate)
         wav.writeframes(pcm_i16.tobytes())
+
+
+def check_writable(path: Path) -> None:
+    """Fail before a long run, not after it, on an output path that cannot be written."""
+    if path.is_dir():
+        raise InputError(f"output {path} is a directory")
+    parent = path.parent
+    if not parent.is_dir():
+        raise InputError(f"output {path}: directory {parent} does not exist")
+    if not os.access(parent, os.W_OK) or (path.exists() and not os.access(path, os.W_OK)):
+        raise InputError(f"output {path} is not writable")
 
 
 def resample(pcm: NDArray[np.float32], rate: int, target: int) -> NDArray[np.float32]:
@@ -108,6 +162,9 @@ def run_infer(args: argparse.Namespace) -> int:
     from engine.models.moshi.model import MoshiModel
 
     try:
+        for output in (args.output, args.tokens):
+            if output is not None:
+                check_writable(output)
         pcm, rate = read_wav(args.input)
         options = ModelOptions(
             checkpoint=args.checkpoint,

@@ -1,5 +1,6 @@
 """Models the engine can serve, by name, and the options that pick their weights and device."""
 
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -7,6 +8,7 @@ from engine.models.base import Model
 
 MODELS = ("echo", "moshi")
 KV_DTYPES = ("bf16", "fp8")
+DEVICE = re.compile(r"cpu|cuda(:\d+)?")
 
 
 @dataclass(frozen=True)
@@ -38,6 +40,10 @@ class ModelOptions:
             raise ValueError(f"unknown KV dtype {self.kv_dtype!r}; choose bf16 or fp8")
         if model != "moshi" and self.kv_dtype != "bf16":
             raise ValueError(f"--kv-dtype {self.kv_dtype} is for --model moshi (it has KV rings)")
+        if not DEVICE.fullmatch(self.device):
+            raise ValueError(f"unknown device {self.device!r}; choose cpu, cuda or cuda:N")
+        if self.cpu_threads < 1:
+            raise ValueError(f"--cpu-threads must be at least 1, got {self.cpu_threads}")
 
 
 def build_model(name: str, slots: int, options: ModelOptions | None = None) -> Model:
@@ -55,6 +61,12 @@ def build_model(name: str, slots: int, options: ModelOptions | None = None) -> M
         from engine.models.moshi.model import build_moshi
 
         device = torch.device(options.device)
+        if device.type == "cuda" and not torch.cuda.is_available():
+            raise ValueError(f"--device {options.device}: this torch build sees no CUDA GPU")
+        if device.type == "cuda" and (device.index or 0) >= torch.cuda.device_count():
+            raise ValueError(
+                f"--device {options.device}: only {torch.cuda.device_count()} CUDA GPU(s) here"
+            )
         if device.type == "cuda":
             # Mimi runs in fp32: its transformer's matmuls in TF32, as cuDNN already runs its
             # convolutions by default (fp32 SIMT GEMMs took 1.15 ms of a 37 ms tick at 128

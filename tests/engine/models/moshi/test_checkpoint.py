@@ -164,7 +164,7 @@ def test_missing_files_and_unreadable_input_exit_2(
     bad_wav.write_bytes(b"RIFF but not really a wave file")
     assert infer(["--checkpoint", str(reference[0]), "--input", str(bad_wav), *out]) == 2
     err = capsys.readouterr().err
-    assert err.startswith("cadence infer: cannot read WAV")
+    assert err.startswith(f"cadence infer: {bad_wav} is not a WAV file")
     assert err.count("\n") == 1
     assert infer(["--input", str(good_wav), *out]) == 2
     assert "exactly one of --checkpoint" in capsys.readouterr().err
@@ -172,6 +172,72 @@ def test_missing_files_and_unreadable_input_exit_2(
     (corrupt / LM_NAME).write_bytes(b"\x00" * 64)
     assert infer(["--checkpoint", str(corrupt), "--input", str(good_wav), *out]) == 2
     assert f"cannot read {corrupt / LM_NAME}" in capsys.readouterr().err
+
+
+def _wav_bytes(fmt: bytes, data: bytes) -> bytes:
+    chunks = b"fmt " + len(fmt).to_bytes(4, "little") + fmt
+    chunks += b"data" + len(data).to_bytes(4, "little") + data
+    return b"RIFF" + (4 + len(chunks)).to_bytes(4, "little") + b"WAVE" + chunks
+
+
+def test_an_extensible_24_bit_stereo_wav_is_read_as_sox_writes_it(tmp_path: Path) -> None:
+    left = np.array([0, 1 << 22, -(1 << 22), (1 << 23) - 1], np.int64)
+    right = np.array([0, 0, 1 << 21, -(1 << 23)], np.int64)
+    interleaved = np.stack([left, right], axis=1).reshape(-1) & 0xFFFFFF
+    data = b"".join(int(v).to_bytes(3, "little") for v in interleaved)
+    pcm_guid = (1).to_bytes(2, "little") + bytes.fromhex("000000001000800000aa00389b71")
+    fmt = (
+        (0xFFFE).to_bytes(2, "little")  # WAVE_FORMAT_EXTENSIBLE
+        + (2).to_bytes(2, "little")
+        + (44100).to_bytes(4, "little")
+        + (44100 * 6).to_bytes(4, "little")
+        + (6).to_bytes(2, "little")
+        + (24).to_bytes(2, "little")
+        + (22).to_bytes(2, "little")  # extension size
+        + (24).to_bytes(2, "little")  # valid bits
+        + (3).to_bytes(4, "little")  # channel mask: front left and right
+        + pcm_guid
+    )
+    path = tmp_path / "ext24.wav"
+    path.write_bytes(_wav_bytes(fmt, data + b"\x01\x02"))  # and a truncated last frame
+    mono, rate = read_wav(path)
+    assert rate == 44100
+    expected = (left + right) / 2 / float(1 << 23)
+    np.testing.assert_allclose(mono, expected.astype(np.float32), rtol=0, atol=1e-7)
+
+
+@pytest.mark.parametrize(
+    ("argument", "message"),
+    [
+        (("--device", "nosuch"), "unknown device 'nosuch'"),
+        (("--cpu-threads", "0"), "--cpu-threads must be at least 1"),
+        (("--output", "/nonexistent/dir/out.wav"), "directory /nonexistent/dir does not exist"),
+        (("--tokens", "/"), "output / is a directory"),
+    ],
+)
+def test_bad_options_exit_2_in_one_line_before_the_run(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], argument: tuple[str, str], message: str
+) -> None:
+    source = tmp_path / "in.wav"
+    write_wav(source, np.zeros(1920, np.float32), 24000)
+    run = ["--random-weights", "--config", "tiny", "--input", str(source)]
+    args = [*run, "--output", str(tmp_path / "out.wav"), *argument]
+    assert infer(args) == 2
+    err = capsys.readouterr().err
+    assert message in err
+    assert err.count("\n") == 1
+    assert not (tmp_path / "out.wav").exists(), "refused before the run"
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="asks for CUDA where there is none")
+def test_cuda_on_a_machine_without_it_is_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    source = tmp_path / "in.wav"
+    write_wav(source, np.zeros(1920, np.float32), 24000)
+    args = ["--random-weights", "--config", "tiny", "--input", str(source), "--device", "cuda"]
+    assert infer([*args, "--output", str(tmp_path / "out.wav")]) == 2
+    assert "sees no CUDA GPU" in capsys.readouterr().err
 
 
 def test_random_weights_run_on_the_tiny_config(tmp_path: Path) -> None:
