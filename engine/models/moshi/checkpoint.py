@@ -270,13 +270,41 @@ def load_into(
     for key in sorted(state):
         if key not in consumed and key not in known and not unused(key):
             problems.append(f"unexpected tensor {key} (shape {_shape(state[key].shape)})")
+    _raise_any(problems, what)
+    with torch.no_grad():
+        for name, param in module.named_parameters():
+            param.copy_(values[name].to(dtype=param.dtype, device=param.device))
+
+
+def check_shapes(path: Path, sources: Mapping[str, list[Source]]) -> None:
+    """Before the model is built: every tensor of the file that a source would read has a
+    shape the configuration allows, from the file's header alone. A checkpoint of another
+    size fails here in one line, not after the configured model has been allocated."""
+    from safetensors import SafetensorError, safe_open
+
+    if not path.is_file():
+        raise CheckpointError(f"checkpoint file not found: {path}")
+    try:
+        with safe_open(str(path), framework="pt") as file:
+            shapes = {key: tuple(file.get_slice(key).get_shape()) for key in list(file.keys())}
+    except (SafetensorError, OSError, ValueError) as error:
+        raise CheckpointError(f"cannot read {path}: {error}") from error
+    problems: list[str] = []
+    for alternatives in sources.values():
+        source = next((s for s in alternatives if all(k in shapes for k in s.keys)), None)
+        for key, allowed in zip(source.keys, source.shapes, strict=True) if source else ():
+            if shapes[key] not in allowed:
+                wanted = " or ".join(_shape(s) for s in sorted(allowed))
+                problems.append(f"tensor {key} has shape {_shape(shapes[key])}, expected {wanted}")
+    sizes = "another model size? --config or the checkpoint's config.json sets it"
+    _raise_any(problems, f"{path}: {len(problems)} tensors do not fit the configured LM ({sizes})")
+
+
+def _raise_any(problems: list[str], what: str) -> None:
     if problems:
         listed = problems[:MAX_LISTED]
         more = f" (and {len(problems) - MAX_LISTED} more)" if len(problems) > MAX_LISTED else ""
         raise CheckpointError(f"{what}: " + "; ".join(listed) + more)
-    with torch.no_grad():
-        for name, param in module.named_parameters():
-            param.copy_(values[name].to(dtype=param.dtype, device=param.device))
 
 
 def read_safetensors(path: Path) -> dict[str, Tensor]:

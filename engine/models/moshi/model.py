@@ -25,6 +25,7 @@ from torch import Tensor, nn
 from engine.models.base import FrameSpec, Mask, PcmBatch, StepOutput, check_step_inputs
 from engine.models.moshi.checkpoint import (
     CheckpointError,
+    check_shapes,
     lm_sources,
     lm_unused,
     load_into,
@@ -262,6 +263,7 @@ def build_moshi(
     files = find_files(checkpoint_dir) if checkpoint_dir is not None else None
     if files is not None:
         config = config_for(files, config)
+        check_shapes(files.lm, lm_sources(config.lm))  # before allocating the configured LM
     generator = torch.Generator(device=device).manual_seed(sampling_seed)
     lm = MoshiLm(
         config.lm,

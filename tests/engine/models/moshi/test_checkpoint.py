@@ -17,8 +17,9 @@ from moshi.models.lm import LMModel
 from safetensors.torch import load_file, save_file
 
 from engine.infer import add_infer_arguments, read_wav, run_infer, write_wav
+from engine.models.moshi import model as model_module
 from engine.models.moshi.checkpoint import CheckpointError
-from engine.models.moshi.config import tiny
+from engine.models.moshi.config import moshiko, tiny
 from engine.models.moshi.files import LM_NAME, MIMI_NAME
 from engine.models.moshi.model import build_moshi
 from tests.engine.models.moshi import kyutai
@@ -131,6 +132,23 @@ def test_mismatched_shape_names_both_shapes(
         r"expected \[64, 64\]",
     ):
         load(write_variant(reference[0], tmp_path / "ckpt", shrink))
+
+
+def test_a_checkpoint_of_another_size_fails_before_the_model_is_built(
+    reference: tuple[Path, LMModel, MimiModel], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    tiny_checkpoint = write_variant(reference[0], tmp_path / "ckpt", lambda state: None)
+    (tiny_checkpoint / "config.json").unlink()  # nothing says it is tiny: 7B is assumed
+
+    def allocate(*args: object, **kwargs: object) -> None:
+        raise AssertionError("the 7B LM was allocated before its checkpoint was checked")
+
+    monkeypatch.setattr(model_module, "MoshiLm", allocate)
+    with pytest.raises(
+        CheckpointError,
+        match=r"another model size.*emb\.0\.weight has shape \[65, 64\], expected \[2049, 4096\]",
+    ):
+        build_moshi(moshiko(), 1, "cpu", torch.float32, checkpoint_dir=tiny_checkpoint)
 
 
 def test_fused_projections_load_like_split_ones(
