@@ -8,7 +8,7 @@
                             for a recently ended call
     DELETE /v1/calls/{id}   hang up; 200 with the final record
     GET    /v1/config       what the page needs: ICE servers, whether the API needs a token,
-                            whether captions are sent, the tick period
+                            whether captions are sent, the model served, the tick period
     GET    /healthz         200 while the engine ticks, 503 otherwise; engine load
     GET    /metrics         Prometheus exposition
     GET    /                the demo page (web/)
@@ -175,6 +175,7 @@ async def get_config(request: web.Request) -> web.Response:
             "ice_servers": config.browser_ice_servers(),
             "auth": "bearer" if config.auth_token is not None else "none",
             "captions": calls.captioner is not None,
+            "model": calls.engine.hello.get("model"),  # what the engine serves: echo, moshi
             "tick_ms": period_ns / 1e6,
             "slots": calls.ring.spec.slots,
         }

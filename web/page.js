@@ -91,6 +91,10 @@ function resetCaptions() {
   const box = $("captions");
   $("caption-text").textContent = "";
   box.dataset.state = config && config.captions ? "waiting" : "unavailable";
+  if (config && config.model && config.model !== "echo") {
+    $("caption-unavailable").textContent =
+      `This server runs ${config.model} without captions: it needs a tokenizer (--captions-tokenizer) to send them.`;
+  }
 }
 
 async function startCall() {

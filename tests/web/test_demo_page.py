@@ -342,6 +342,31 @@ def test_with_a_tokenizer_the_page_opens_the_captions_channel(pages: Pages, tmp_
         stop_serve(served)
 
 
+def test_without_captions_the_page_says_which_model_it_hears(pages: Pages, served: Served) -> None:
+    assert served.get("/v1/config")[1]["model"] == "echo"
+    page = pages.open(served.url)
+    assert page.get_attribute("#captions", "data-state") == "unavailable"
+    assert "runs the echo model" in page.inner_text("#caption-unavailable")
+
+
+@pytest.mark.slow
+def test_moshi_without_a_tokenizer_is_not_called_the_echo_model(
+    pages: Pages, tmp_path: Path
+) -> None:
+    pytest.importorskip("torch")
+    moshi = ("--model=moshi", "--config=tiny", "--random-weights=1", "--slots=1")
+    served = start_serve(tmp_path / "serve.log", *moshi, timeout_s=120.0)
+    try:
+        assert served.get("/v1/config")[1]["model"] == "moshi"
+        page = pages.open(served.url)
+        text = page.inner_text("#caption-unavailable")
+        assert "runs moshi without captions" in text
+        assert "--captions-tokenizer" in text
+        assert "echo" not in text
+    finally:
+        stop_serve(served)
+
+
 @pytest.mark.slow
 def test_a_tiny_moshi_model_writes_captions_on_the_page(pages: Pages, tmp_path: Path) -> None:
     """Text tokens from a real (tiny, random) Moshi step reach the page as caption text.
