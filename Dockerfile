@@ -1,4 +1,5 @@
-# Cadence with the echo model (CPU). GPU images add torch with CUDA: see README.
+# Cadence with the echo model (CPU). Serving Moshi needs torch as well (`pip install .[model]`
+# or scripts/setup --model, README "Serving Moshi"); a CUDA base image for GPUs is not provided.
 FROM python:3.11-slim
 RUN apt-get update && apt-get install -y --no-install-recommends libopus0 \
     && rm -rf /var/lib/apt/lists/*
