@@ -153,7 +153,9 @@ async def answer(
         transceiver.direction = "sendrecv"
 
         def sink(packet: RtpPacket, now_s: float) -> None:
-            uplink.receive(packet.sequence_number, packet.timestamp, packet.payload, now_s)
+            uplink.receive(
+                packet.sequence_number, packet.timestamp, packet.payload, now_s, packet.ssrc
+            )
 
         @pc.on("connectionstatechange")
         async def changed() -> None:

@@ -111,18 +111,27 @@ class JitterBuffer:
         self._ts_base: int | None = None  # the first arrival's timestamp, unwrapped
         self._ts_latest = 0  # the latest timestamp seen, unwrapped (past 2**32)
         self._stretch = False
+        self._ssrc: int | None = None
         self.recent_delays_s: deque[float] = deque(maxlen=self._window_packets)
 
     # -- arrivals ----------------------------------------------------------------------------
 
-    def push(self, seq: int, timestamp: int, payload: bytes, now_s: float) -> Arrival:
+    def push(
+        self, seq: int, timestamp: int, payload: bytes, now_s: float, ssrc: int | None = None
+    ) -> Arrival:
+        """`ssrc`: the sender's, when known; a new one starts the stream over whatever its
+        sequence numbers (a PBX that moves the media to another server starts a new stream,
+        whose numbers may lie anywhere, behind the old ones too)."""
         ext = self._extend(seq)
         outcome = Arrival.ACCEPTED
-        if self._highest is not None and abs(ext - self._highest) > SEQ_MOD // 4:
+        new_sender = ssrc is not None and self._ssrc is not None and ssrc != self._ssrc
+        if new_sender or (self._highest is not None and abs(ext - self._highest) > SEQ_MOD // 4):
             self._restart()
             self.counters.restarts += 1
             ext = seq
             outcome = Arrival.RESTARTED
+        if ssrc is not None:
+            self._ssrc = ssrc
         if ext in self._packets:
             self.counters.duplicate += 1
             return Arrival.DUPLICATE
@@ -170,7 +179,9 @@ class JitterBuffer:
         for a, b in ((ext - 1, ext), (ext, ext + 1)):
             if a in self._packets and b in self._packets:
                 step = (self._packets[b].timestamp - self._packets[a].timestamp) % TS_MOD
-                if 0 < step <= self.config.clock_rate * 0.12:
+                # 2.5 ms (Opus's shortest frame) to 120 ms: a sender stepping its timestamps by
+                # 1 would otherwise let the buffer (bounded in packets of this length) grow huge
+                if self.config.clock_rate * 0.0025 <= step <= self.config.clock_rate * 0.12:
                     self._packet_samples = step
 
     def _trim(self) -> None:

@@ -98,15 +98,20 @@ class OpusDecoder:
         return self._run(packet, self._pcm.size, fec=False)
 
     def conceal(self, samples: int) -> NDArray[np.int16]:
-        """Packet-loss concealment for `samples` missing samples (a multiple of 2.5 ms)."""
-        return self._run(None, samples, fec=False)
+        """Packet-loss concealment for about `samples` missing samples: libopus conceals whole
+        2.5 ms units only, so the length is rounded to the nearest (at least one)."""
+        return self._run(None, self._whole_units(samples), fec=False)
 
     def recover(self, next_packet: bytes, samples: int) -> NDArray[np.int16]:
         """The lost packet's audio from the in-band FEC carried by the packet after it.
 
         Without FEC in `next_packet`, libopus falls back to concealment.
         """
-        return self._run(next_packet, samples, fec=True)
+        return self._run(next_packet, self._whole_units(samples), fec=True)
+
+    def _whole_units(self, samples: int) -> int:
+        unit = self.rate // 400  # 2.5 ms, the shortest Opus frame
+        return max(unit, round(samples / unit) * unit)
 
     def _run(self, packet: bytes | None, samples: int, fec: bool) -> NDArray[np.int16]:
         if self._state is None:

@@ -59,8 +59,10 @@ class Uplink:
         self.undecodable = 0  # packets the codec refused (concealed instead)
         self._delays: list[float] = []  # played packets' delays since the last take_delays
 
-    def receive(self, seq: int, timestamp: int, payload: bytes, now_s: float) -> Arrival:
-        return self.jitter.push(seq, timestamp, payload, now_s)
+    def receive(
+        self, seq: int, timestamp: int, payload: bytes, now_s: float, ssrc: int | None = None
+    ) -> Arrival:
+        return self.jitter.push(seq, timestamp, payload, now_s, ssrc)
 
     def pump(self, now_s: float) -> None:
         """Move one pump period of audio from the jitter buffer into the framer."""
@@ -89,7 +91,11 @@ class Uplink:
             self.undecodable += 1
             if out.unit is Unit.PACKET:
                 self.concealed += 1
-        return self._decoder.conceal(samples)
+        try:
+            return self._decoder.conceal(samples)
+        except ValueError:  # a length the codec cannot conceal: silence, the call goes on
+            self.undecodable += 1
+            return np.zeros(samples, np.int16)
 
     def _feed(self, pcm: NDArray[np.int16]) -> None:
         x = to_float32(pcm)

@@ -109,7 +109,7 @@ class RtpStream(asyncio.DatagramProtocol):
         if kind == self.stream.payload_type:
             self.counters.received += 1
             self.session.uplink.receive(
-                packet.sequence_number, packet.timestamp, packet.payload, now
+                packet.sequence_number, packet.timestamp, packet.payload, now, packet.ssrc
             )
         elif kind == self.stream.telephone_event:
             self.counters.events += 1

@@ -188,3 +188,30 @@ def test_late_and_duplicate_arrivals_are_reported() -> None:
     assert jb.push(2, 2 * SAMPLES, b"2", 0.08) is Arrival.DUPLICATE
     assert jb.pull(0.09).unit is Unit.PACKET
     assert jb.pull(0.11).unit is Unit.EMPTY
+
+
+def test_a_new_sender_behind_the_old_ones_numbers_is_played_not_dropped_as_late() -> None:
+    jb = JitterBuffer()
+    now = 0.0
+    for k in range(500):  # ten seconds of one sender
+        jb.push(10_000 + k, k * SAMPLES, b"a", now + 0.005, ssrc=1)
+        now += PACKET_S
+        jb.pull(now)
+    # a PBX moves the media: another server, its own SSRC, its numbers 5000 behind
+    arrivals = []
+    for k in range(100):
+        arrivals.append(jb.push(5_500 + k, 777 + k * SAMPLES, b"b", now + 0.005, ssrc=2))
+        now += PACKET_S
+        jb.pull(now)
+    assert arrivals[0] is Arrival.RESTARTED
+    assert set(arrivals[1:]) == {Arrival.ACCEPTED}
+    assert jb.counters.late == 0
+    assert jb.counters.played >= 590
+
+
+def test_timestamps_stepping_by_one_cannot_grow_the_buffer_past_its_bound() -> None:
+    jb = JitterBuffer()
+    for k in range(20_000):  # a hostile sender: 20,000 packets, timestamps 1 apart
+        jb.push(k % 65536, k, b"x", 1.0 + k * 1e-5)
+    # bounded by 2 x max delay in the shortest real packets (2.5 ms): 160
+    assert jb.buffered <= 2 * 0.2 / 0.0025

@@ -67,3 +67,17 @@ def test_a_24khz_decoder_plays_out_as_the_48khz_one_does() -> None:
     spectrum = np.abs(np.fft.rfft(np.concatenate(frames[3:]).astype(np.float64)))
     peak_hz = np.argmax(spectrum) * 24000 / (len(frames[3:]) * FRAME)
     assert abs(peak_hz - 440) < 10, peak_hz
+
+
+def test_an_odd_timestamp_step_is_concealed_in_whole_opus_units_and_the_call_goes_on() -> None:
+    uplink = Uplink(OpusDecoder(48000), JitterConfig(), 24000, FRAME, PUMP_S)
+    encoder = OpusEncoder(48000)
+    tone = (8000 * np.sin(np.arange(PACKET) * 2 * np.pi * 440 / 48000)).astype(np.int16)
+    packet = encoder.encode(tone)
+    uplink.receive(0, 0, packet, 0.005)
+    uplink.receive(1, 1000, packet, 0.006)  # 1000 samples: no whole number of 2.5 ms units
+    for k in range(50):  # then nothing: every pull conceals at the learnt length
+        uplink.pump(k * PUMP_S)
+        if k % 4 == 3:
+            assert uplink.take_frame().shape == (FRAME,)
+    assert uplink.concealed > 0
