@@ -3,8 +3,9 @@
 Optional (`--sip-register`): many carriers' trunks and PBX extensions only route calls to a
 contact that registered, with digest credentials. The agent sends the REGISTER, answers the
 challenge and refreshes the binding before it lapses; this module starts it, follows the
-outcome for /healthz, and removes the binding (Expires: 0) when the gateway stops, so the
-trunk stops routing calls to a gateway that is gone.
+outcome for /healthz, retries a failed registration (30 s, doubling to 10 minutes), and
+removes the binding (Expires: 0) when the gateway stops, so the trunk stops routing calls to
+a gateway that is gone.
 """
 
 import asyncio
@@ -21,6 +22,8 @@ log = logging.getLogger(__name__)
 
 UNREGISTER_WAIT_S = 2.0
 EXPIRES_S = 3600
+RETRY_FIRST_S = 30.0  # after a failed REGISTER (refused, timed out): retry, doubling to
+RETRY_LONGEST_S = 600.0  # ... this, until one succeeds
 
 
 def registrar_of(aor: str) -> str:
@@ -44,8 +47,11 @@ class Registration:
         self.aor = aor
         self.registrar = registrar or registrar_of(aor)
         self._credentials = credentials
-        self.state = "unregistered"  # registering, registered, failed
+        self.state = "unregistered"  # registering, registered, failed (retrying)
         self._settled = asyncio.Event()
+        self._retry_in_s = RETRY_FIRST_S
+        self._retry: asyncio.TimerHandle | None = None
+        self._stopping = False
 
     def start(self) -> None:
         self.state = "registering"
@@ -53,6 +59,9 @@ class Registration:
 
     async def stop(self) -> None:
         """Remove the binding; waits briefly for the registrar, then gives up quietly."""
+        self._stopping = True
+        if self._retry is not None:
+            self._retry.cancel()
         if self.state != "registered":
             return
         self._settled.clear()
@@ -65,10 +74,20 @@ class Registration:
             return
         if isinstance(event, Registered):
             self.state = "registered" if event.expires else "unregistered"
+            self._retry_in_s = RETRY_FIRST_S
             log.info("SIP %s %s at %s (%d s)", self.aor, self.state, self.registrar, event.expires)
         else:
             self.state = "failed"
-            log.error("SIP registration of %s failed: %s", self.aor, event.status or "timeout")
+            log.error(
+                "SIP registration of %s failed: %s; retrying in %.0f s",
+                self.aor,
+                event.status or "timeout",
+                self._retry_in_s,
+            )
+            if not self._stopping:
+                loop = asyncio.get_running_loop()
+                self._retry = loop.call_later(self._retry_in_s, self.start)
+                self._retry_in_s = min(RETRY_LONGEST_S, 2 * self._retry_in_s)
         self._settled.set()
 
     def _send(self, expires: int) -> None:

@@ -332,14 +332,24 @@ class Caller:
         return list(sends)
 
     def _granted_expiry(self, registration: Registration, response: Response) -> int:
-        """The registrar may shorten our binding: our Contact's expires, else Expires."""
+        """The registrar may shorten our binding: our Contact's expires (a Contact without a
+        port is on 5060), else the shortest any returned Contact has (a NAT may have rewritten
+        ours: refreshing early is harmless, late loses the binding), else Expires."""
         host, port = self.config.address
+        granted: list[int] = []
         for contact in response.contacts:
             uri, value = contact.uri, param(contact.params, "expires")
-            ours = isinstance(uri, SipUri) and (uri.host, uri.port) == (host, port)
-            seconds = decimal(value, 9) if ours and value is not None else None
-            if seconds is not None:
+            seconds = decimal(value, 9) if value is not None else None
+            if seconds is None:
+                continue
+            if isinstance(uri, SipUri) and (uri.host.lower(), uri.port or 5060) == (
+                host.lower(),
+                port,
+            ):
                 return seconds
+            granted.append(seconds)
+        if granted:
+            return min(granted)
         seconds = decimal((response.header("Expires") or "").strip(), 9)
         return registration.expires if seconds is None else seconds
 

@@ -266,12 +266,14 @@ def test_update_with_an_offer_is_answered_in_its_200() -> None:
 
 
 class Registrar:
-    """A registrar that challenges once, then grants a shorter binding than asked for."""
+    """A registrar that challenges once, then grants a shorter binding than asked for, on the
+    Contact it was sent or on `contact` (the form a registrar or a NAT rewrote it to)."""
 
     challenge = Challenge("trunk.example", "n-1", "MD5", ("auth",))
 
-    def __init__(self) -> None:
+    def __init__(self, contact: str | None = None) -> None:
         self.registers = 0
+        self.contact = contact
 
     def reply(self, data: bytes) -> bytes:
         request = parse_message(data)
@@ -281,13 +283,21 @@ class Registrar:
         if credentials is None or not verify(credentials, "REGISTER", self.challenge, "pw"):
             value = 'Digest realm="trunk.example", nonce="n-1", qop="auth"'
             return response_to(request, 401, "r", (("WWW-Authenticate", value),)).encode()
-        contact = f"{request.header('Contact')};expires=120"
+        contact = f"{self.contact or request.header('Contact')};expires=120"
         return response_to(request, 200, "r", (("Contact", contact),)).encode()
 
 
-def test_register_with_challenge_and_refresh() -> None:
+@pytest.mark.parametrize(
+    "contact",
+    [
+        None,
+        "<sip:cadence@127.0.0.1>",  # the port left out: 5060
+        "<sip:cadence@203.0.113.7:40000>",  # rewritten by a NAT on the way
+    ],
+)
+def test_register_with_challenge_and_refresh(contact: str | None) -> None:
     agent = make_agent(5060, 3)
-    registrar = Registrar()
+    registrar = Registrar(contact)
     trunk = ("127.0.0.9", 5060)
     events: list[Output] = []
 

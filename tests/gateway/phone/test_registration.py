@@ -1,0 +1,73 @@
+"""The gateway's side of registration: a failed REGISTER is retried, with backoff, until one
+succeeds; stopping cancels the retry."""
+
+import asyncio
+
+import pytest
+
+from gateway.phone import registration as module
+from gateway.phone.registration import Registration
+from gateway.sip.events import Output, Registered, RegistrationFailed
+
+AOR = "sip:cadence@trunk.example"
+
+
+class Agent:
+    def __init__(self) -> None:
+        self.expires: list[int] = []  # every REGISTER asked for
+
+    def register(self, registrar: str, aor: str, now: float, **options: object) -> list[Output]:
+        self.expires.append(int(options["expires"]))  # type: ignore[call-overload]
+        return []
+
+
+class Signalling:
+    """What Registration uses of SipSignalling: its agent, and delivery of what it returns."""
+
+    def __init__(self) -> None:
+        self.agent = Agent()
+
+    def deliver(self, outputs: list[Output]) -> None:
+        assert outputs == []
+
+
+def test_a_failed_registration_is_retried_with_backoff_until_it_succeeds(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(module, "RETRY_FIRST_S", 0.05)
+    monkeypatch.setattr(module, "RETRY_LONGEST_S", 0.1)
+
+    async def scenario() -> None:
+        signalling = Signalling()
+        registration = Registration(signalling, AOR, None, None)  # type: ignore[arg-type]
+        registration.start()
+        registration.on_event(RegistrationFailed(AOR, None))  # the registrar did not answer
+        assert registration.state == "failed"
+        await asyncio.sleep(0.08)
+        assert (registration.state, len(signalling.agent.expires)) == ("registering", 2)
+        registration.on_event(RegistrationFailed(AOR, 503))
+        await asyncio.sleep(0.07)
+        assert len(signalling.agent.expires) == 2, "the second wait is longer: 0.1 s"
+        await asyncio.sleep(0.06)
+        assert len(signalling.agent.expires) == 3
+        registration.on_event(Registered(AOR, 120))
+        assert registration.state == "registered"
+        await registration.stop()  # removes the binding
+        assert signalling.agent.expires[-1] == 0
+
+    asyncio.run(scenario())
+
+
+def test_stopping_cancels_a_pending_retry(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(module, "RETRY_FIRST_S", 0.05)
+
+    async def scenario() -> None:
+        signalling = Signalling()
+        registration = Registration(signalling, AOR, None, None)  # type: ignore[arg-type]
+        registration.start()
+        registration.on_event(RegistrationFailed(AOR, 403))
+        await registration.stop()
+        await asyncio.sleep(0.1)
+        assert signalling.agent.expires == [module.EXPIRES_S], "nothing sent after the stop"
+
+    asyncio.run(scenario())
