@@ -23,6 +23,7 @@ import json
 import logging
 import os
 import platform
+import signal
 import socket
 import subprocess
 import sys
@@ -30,16 +31,19 @@ import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
+from types import FrameType
 from typing import Any
 
-from cadence.supervise import stop_child, unlink_segment, wait_ready
+from cadence.supervise import die_with_parent, stop_child, unlink_segment, wait_ready
 from engine.control import ask
+from engine.infer import check_writable
 
 log = logging.getLogger(__name__)
 
 PROGRESS_EVERY_S = 10.0
 STOP_TIMEOUT_S = 30.0  # a large model's engine may take a while to free the GPU
 AGE_AFTER_S = 0.5  # after the last open, before aging: several ticks, so every call has reset
+INTERRUPTED = 130  # Ctrl-C or SIGTERM: the runs so far are reported, marked interrupted
 
 
 def _versions() -> dict[str, str]:
@@ -60,7 +64,9 @@ def bench_engine(args: argparse.Namespace, engine_argv: Callable[[int], list[str
     """Run one engine per call count (`--slots`, or each of `--sweep` in ascending order,
     stopping at the first count that misses a deadline) and report the largest count served
     with zero misses. `engine_argv(n)` is the engine's command line for n slots."""
-    counts = sorted(args.sweep) if args.sweep else [args.slots]
+    counts = sorted(set(args.sweep)) if args.sweep else [args.slots]
+    if args.json is not None:
+        check_writable(args.json)  # before the first run, not after it
     result: dict[str, Any] = {
         "command": " ".join(["cadence", *sys.argv[1:]]),
         "machine": _versions(),
@@ -69,27 +75,44 @@ def bench_engine(args: argparse.Namespace, engine_argv: Callable[[int], list[str
         "runs": [],
         "largest_zero_miss_calls": None,
     }
-    for calls in counts:
-        argv = engine_argv(calls) + (["--test-hooks"] if args.full_context else [])
-        run = _hold_calls(calls, args, argv)
-        result["runs"].append(run)
-        if run.get("zero_misses"):
-            result["largest_zero_miss_calls"] = calls
-        text = json.dumps(result, indent=1)
-        if args.json:
-            args.json.write_text(text + "\n")
-        if not run.get("zero_misses"):
-            break
-    sys.stdout.write(json.dumps(result, indent=1) + "\n")
+    # SIGTERM (a `timeout`, a cancelled job) ends the run as Ctrl-C does: engine stopped,
+    # segment unlinked, the runs so far reported
+    signal.signal(signal.SIGTERM, _interrupt)
+    try:
+        for calls in counts:
+            argv = engine_argv(calls) + (["--test-hooks"] if args.full_context else [])
+            run = _hold_calls(calls, args, argv)
+            result["runs"].append(run)
+            if run.get("zero_misses"):
+                result["largest_zero_miss_calls"] = calls
+            _report(result, args.json, stdout=False)
+            if not run.get("zero_misses"):
+                break
+    except KeyboardInterrupt:
+        result["interrupted"] = True
+        _report(result, args.json)
+        return INTERRUPTED
+    _report(result, args.json)
     if any("error" in run for run in result["runs"]):
         return 1
     return 0 if result["largest_zero_miss_calls"] == counts[-1] else 3
 
 
+def _interrupt(signum: int, frame: FrameType | None) -> None:
+    raise KeyboardInterrupt
+
+
+def _report(result: dict[str, Any], path: Path | None, stdout: bool = True) -> None:
+    text = json.dumps(result, indent=1) + "\n"
+    if path is not None:
+        path.write_text(text)
+    if stdout:
+        sys.stdout.write(text)
+
+
 def _hold_calls(calls: int, args: argparse.Namespace, engine_argv: list[str]) -> dict[str, Any]:
     """Start an engine, open `calls` calls (aged to a full context with --full-context), tick
     for --seconds, read the counters back."""
-    seconds: float = args.seconds
     runtime = Path(tempfile.mkdtemp(prefix="cadence-bench-"))
     control = runtime / "engine.sock"
     ring = f"cadence-bench-{os.getpid()}-{calls}"
@@ -102,7 +125,20 @@ def _hold_calls(calls: int, args: argparse.Namespace, engine_argv: list[str]) ->
         f"--ring={ring}",
         *engine_argv,
     ]
-    engine = subprocess.Popen(cmd)
+    engine = subprocess.Popen(cmd, preexec_fn=die_with_parent)
+    try:
+        return _measure(engine, control, calls, args)
+    finally:
+        stop_child(engine, STOP_TIMEOUT_S)
+        unlink_segment(ring)  # a killed engine could not unlink its own
+        control.unlink(missing_ok=True)
+        runtime.rmdir()
+
+
+def _measure(
+    engine: "subprocess.Popen[bytes]", control: Path, calls: int, args: argparse.Namespace
+) -> dict[str, Any]:
+    seconds: float = args.seconds
     try:
         if not wait_ready(engine, control, args.ready_timeout):
             return {"calls": calls, "error": "engine not ready"}
@@ -145,8 +181,7 @@ def _hold_calls(calls: int, args: argparse.Namespace, engine_argv: list[str]) ->
             "gpu_memory_gb": status.get("gpu_memory_gb"),
             "zero_misses": missed == 0 and status["misses"] == 0,
         }
-    finally:
-        stop_child(engine, STOP_TIMEOUT_S)
-        unlink_segment(ring)  # a killed engine could not unlink its own
-        control.unlink(missing_ok=True)
-        runtime.rmdir()
+    except (OSError, ValueError, KeyError) as error:  # the engine went away mid-run
+        engine.poll()
+        log.error("engine lost during the run: %r", error)
+        return {"calls": calls, "error": f"engine exited (status {engine.returncode})"}

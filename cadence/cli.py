@@ -275,9 +275,10 @@ def build_parser() -> argparse.ArgumentParser:
         "engine", help="open --slots calls on a real engine for --seconds and count deadline misses"
     )
     _engine_options(bench_engine)
+    bench_engine.set_defaults(metrics_port=0)  # beside a running serve, no port clash
     bench_engine.add_argument(
         "--seconds",
-        type=float,
+        type=_positive_seconds,
         default=130.0,
         help="how long to tick; past the KV context (2 min) for the worst case, full rings",
     )
@@ -437,9 +438,23 @@ def _port_range(text: str) -> tuple[int, int]:
     return int(low), int(high)
 
 
+def _positive_seconds(text: str) -> float:
+    """`--seconds`: a run of no time would report zero misses over zero ticks as a pass."""
+    try:
+        seconds = float(text)
+    except ValueError:
+        seconds = 0.0
+    if not seconds > 0:
+        raise argparse.ArgumentTypeError(f"wants a positive number of seconds, not {text!r}")
+    return seconds
+
+
 def _call_counts(text: str) -> list[int]:
-    """`--sweep 280,300,320`: positive call counts (argparse reports the ValueError)."""
-    counts = [int(part) for part in text.split(",") if part.strip()]
+    """`--sweep 280,300,320`: positive call counts."""
+    try:
+        counts = [int(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        counts = []
     if not counts or min(counts) < 1:
-        raise ValueError(f"--sweep wants positive call counts like 128,144, not {text!r}")
+        raise argparse.ArgumentTypeError(f"wants positive call counts like 128,144, not {text!r}")
     return counts

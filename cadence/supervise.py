@@ -35,7 +35,8 @@ MAX_RESTARTS = 5
 RESTART_WINDOW_S = 60.0
 
 
-def _die_with_parent() -> None:
+def die_with_parent() -> None:
+    """In a child, before exec: the kernel sends it SIGTERM when its parent dies."""
     libc = ctypes.CDLL(None, use_errno=True)
     libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
     os.setpgrp()  # the terminal's Ctrl-C reaches serve only; serve stops children in order
@@ -122,7 +123,7 @@ class Supervisor:
         cmd = [sys.executable, "-m", "cadence", role, *args]
         log.debug("starting %s: %s", role, " ".join(cmd))
         env = {**os.environ, **secrets} if secrets else None
-        return subprocess.Popen(cmd, env=env, preexec_fn=_die_with_parent)
+        return subprocess.Popen(cmd, env=env, preexec_fn=die_with_parent)
 
     def _on_signal(self, signum: int, frame: FrameType | None) -> None:
         self._stop = True

@@ -55,7 +55,13 @@ def run_engine(config: EngineConfig) -> int:
     try:
         metrics = EngineMetrics()
         if config.metrics_port:
-            start_http_server(config.metrics_port, config.metrics_host, registry=metrics.registry)
+            try:
+                start_http_server(
+                    config.metrics_port, config.metrics_host, registry=metrics.registry
+                )
+            except OSError as error:  # a port in use: one line, exit 2
+                where = f"{config.metrics_host}:{config.metrics_port}"
+                raise ValueError(f"cannot serve metrics on {where}: {error.strerror}") from None
         table = SlotTable(config.slots, accepting=False)
         if config.watchdog_s:
             watchdog = StepWatchdog(config.watchdog_s, lambda: exit_hung(ring.abandon))

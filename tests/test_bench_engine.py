@@ -1,9 +1,16 @@
 """`cadence bench engine` end to end on the echo model: real engine processes, real clock."""
 
 import json
+import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
+
+import pytest
+
+from tests.support.server import children_of
 
 
 def bench(*flags: str, timeout_s: float = 120) -> "subprocess.CompletedProcess[str]":
@@ -56,3 +63,66 @@ def test_full_context_on_a_model_without_contexts_is_an_error_not_a_result(
     assert done.returncode == 1, done.stderr
     (run,) = json.loads(out.read_text())["runs"]
     assert "age refused" in run["error"]
+
+
+@pytest.mark.parametrize("flag", ["--seconds=0", "--seconds=-5", "--json=/proc/nope/x.json"])
+def test_a_run_that_could_not_report_is_refused_up_front(flag: str) -> None:
+    done = bench("--slots=1", flag, timeout_s=60)
+    assert done.returncode == 2, done.stdout
+    assert "Traceback" not in done.stderr
+    assert done.stdout == "", "no result: no run was made"
+
+
+def _shm_segments(pid: int) -> list[str]:
+    return [name for name in os.listdir("/dev/shm") if name.startswith(f"cadence-bench-{pid}-")]
+
+
+def test_sigterm_mid_run_stops_the_engine_and_reports_what_ran(tmp_path: Path) -> None:
+    out = tmp_path / "bench.json"
+    command = [sys.executable, "-m", "cadence", "bench", "engine", "--model=echo"]
+    bench = subprocess.Popen(
+        [*command, "--log-level=info", "--sweep=1,2", "--seconds=3", f"--json={out}"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    deadline = time.monotonic() + 60
+    while not out.exists():  # the first run (1 call) is reported: the second one is running
+        assert time.monotonic() < deadline, "the first run never finished"
+        time.sleep(0.1)
+    time.sleep(1.0)
+    engines = children_of(bench.pid)
+    assert engines, "the second run's engine is up"
+    bench.send_signal(signal.SIGTERM)
+    stdout, stderr = bench.communicate(timeout=60)
+    assert bench.returncode == 130, stderr
+    assert "Traceback" not in stderr
+    result = json.loads(stdout)
+    assert result["interrupted"] is True
+    assert [run["calls"] for run in result["runs"]] == [1]
+    assert json.loads(out.read_text()) == result
+    assert _shm_segments(bench.pid) == []
+    assert not [pid for pid in engines if Path(f"/proc/{pid}").exists()], "engine left running"
+
+
+def test_an_engine_that_dies_mid_run_is_an_error_in_the_result(tmp_path: Path) -> None:
+    out = tmp_path / "bench.json"
+    command = [sys.executable, "-m", "cadence", "bench", "engine", "--model=echo"]
+    bench = subprocess.Popen(
+        [*command, "--log-level=info", "--slots=1", "--seconds=30", f"--json={out}"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    deadline = time.monotonic() + 60
+    while not (engines := children_of(bench.pid)):
+        assert time.monotonic() < deadline, "no engine started"
+        time.sleep(0.1)
+    time.sleep(2.0)  # calls open, ticking
+    os.kill(engines[0], signal.SIGKILL)
+    stdout, stderr = bench.communicate(timeout=60)
+    assert bench.returncode == 1, stderr
+    assert "Traceback" not in stderr
+    (run,) = json.loads(stdout)["runs"]
+    assert run["error"] == "engine exited (status -9)"
+    assert _shm_segments(bench.pid) == []
