@@ -107,12 +107,14 @@ class PhoneBridge:
         self.pacer = RtpPacer(lambda: self.calls.grid)
         self.phones: dict[str, PhoneCall] = {}  # by SIP Call-ID
         self.registration: Registration | None = None
+        # the trunk's digest credentials: for the registration, and for calls dialled through
+        # --sip-proxy (never offered to a host dialled directly)
+        self._trunk: Credentials | None = None
+        if config.sip_username is not None:
+            self._trunk = Credentials(config.sip_username, config.sip_password or "")
         if config.sip_register is not None:
-            credentials = None
-            if config.sip_username is not None:
-                credentials = Credentials(config.sip_username, config.sip_password or "")
             self.registration = Registration(
-                self.signalling, config.sip_register, config.sip_registrar, credentials
+                self.signalling, config.sip_register, config.sip_registrar, self._trunk
             )
         self._tasks: set[asyncio.Task[None]] = set()
 
@@ -279,8 +281,15 @@ class PhoneBridge:
     ) -> Call:
         """Call `uri` (through --sip-proxy if set); returns the call at once (state dialing).
 
-        Raises CallRefused (engine full...) and DialError (bad URI).
+        Through the trunk, the call authenticates with the configured --sip-username and
+        password unless the request brings its own, and its From is the registered
+        address-of-record unless the request names one.
+
+        Raises CallRefused (engine full...), DialError (bad URI) and DialUnavailable.
         """
+        if self.config.sip_proxy is not None:
+            credentials = credentials or self._trunk
+        from_uri = from_uri or self.config.sip_register
         try:
             target = parse_uri(uri)
         except SipParseError as error:

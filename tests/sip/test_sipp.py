@@ -361,6 +361,38 @@ def test_outbound_call_through_the_api(
     _idle(server)
 
 
+def test_a_call_through_the_trunk_authenticates_with_the_trunk_credentials(
+    tmp_path: Path,
+) -> None:
+    trunk_port = free_port()
+    peer = RtpPeer("PCMA", 20, band_limited_noise(3.0))
+    server = start_serve(
+        tmp_path / "serve.log",
+        "--slots=1",
+        f"--sip-port={free_port()}",
+        "--rtp-ports=42200-42299",
+        "--sip-username=alice",
+        "--sip-password=secret",
+        f"--sip-proxy=127.0.0.1:{trunk_port}",
+    )
+    try:
+        trunk = start_sipp(
+            tmp_path / "trunk", "uas_auth.xml", None, local_port=trunk_port, keys=_call_keys(peer)
+        )
+        request = {"uri": "sip:echo@pbx.invalid"}  # no credentials of its own
+        status, body = http_json("POST", f"{server.url}/v1/calls/sip", request)
+        assert status == 201, body
+        time.sleep(3.0)
+        _, record = server.get(f"/v1/calls/{body['id']}")
+        assert http_json("DELETE", f"{server.url}/v1/calls/{body['id']}")[0] == 200
+        assert trunk.wait(30) == 0, trunk.errors()  # its digest challenge was answered
+        assert record["state"] == "live"
+    finally:
+        peer.stop()
+        if server.process.poll() is None:
+            stop_serve(server)
+
+
 def _ended(served: Served, call_id: str) -> dict[str, Any]:
     deadline = time.monotonic() + 10.0
     while time.monotonic() < deadline:
