@@ -73,19 +73,19 @@ def test_a_run_that_could_not_report_is_refused_up_front(flag: str) -> None:
     assert done.stdout == "", "no result: no run was made"
 
 
+def _start_bench(*flags: str) -> "subprocess.Popen[str]":
+    """`cadence bench engine --model=echo FLAGS` in the background, its output piped."""
+    command = [sys.executable, "-m", "cadence", "bench", "engine", "--model=echo", *flags]
+    return subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
 def _shm_segments(pid: int) -> list[str]:
     return [name for name in os.listdir("/dev/shm") if name.startswith(f"cadence-bench-{pid}-")]
 
 
 def test_sigterm_mid_run_stops_the_engine_and_reports_what_ran(tmp_path: Path) -> None:
     out = tmp_path / "bench.json"
-    command = [sys.executable, "-m", "cadence", "bench", "engine", "--model=echo"]
-    bench = subprocess.Popen(
-        [*command, "--log-level=info", "--sweep=1,2", "--seconds=3", f"--json={out}"],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    bench = _start_bench("--sweep=1,2", "--seconds=3", f"--json={out}")
     deadline = time.monotonic() + 60
     while not out.exists():  # the first run (1 call) is reported: the second one is running
         assert time.monotonic() < deadline, "the first run never finished"
@@ -105,15 +105,8 @@ def test_sigterm_mid_run_stops_the_engine_and_reports_what_ran(tmp_path: Path) -
     assert not [pid for pid in engines if Path(f"/proc/{pid}").exists()], "engine left running"
 
 
-def test_an_engine_that_dies_mid_run_is_an_error_in_the_result(tmp_path: Path) -> None:
-    out = tmp_path / "bench.json"
-    command = [sys.executable, "-m", "cadence", "bench", "engine", "--model=echo"]
-    bench = subprocess.Popen(
-        [*command, "--log-level=info", "--slots=1", "--seconds=30", f"--json={out}"],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+def test_an_engine_that_dies_mid_run_is_an_error_in_the_result() -> None:
+    bench = _start_bench("--slots=1", "--seconds=30")
     deadline = time.monotonic() + 60
     while not (engines := children_of(bench.pid)):
         assert time.monotonic() < deadline, "no engine started"
