@@ -24,7 +24,12 @@ from gateway.pump import run_media_clock
 log = logging.getLogger(__name__)
 
 WATCH_PERIOD_S = 0.5
-STALE_HEARTBEAT_S = 1.0
+STALE_HEARTBEAT_S = 1.0  # a heartbeat older than this: the engine is not up (engine_up 0)
+# ... and one older than this, though its process still answers, has it given up for lost:
+# past the engine's own step watchdog (10 s by default), which ends a hung engine (its
+# control socket closes, and that ends the calls at once). A shorter stall (a GC pause, a
+# GPU hiccup) costs the calls missed ticks, not the calls.
+ENGINE_LOST_S = 12.0
 FAREWELL_S = 1.5  # HTTP stays up this long after the calls end: over one page poll (1 s)
 
 
@@ -73,9 +78,9 @@ async def _watch_engine(calls: CallRegistry, clock_task: list["asyncio.Task[None
 
 async def _check_engine(calls: CallRegistry, clock_task: list["asyncio.Task[None]"]) -> None:
     state, age = engine_health(calls)
-    up = calls.engine.connected and state == "ready" and age < STALE_HEARTBEAT_S
-    calls.metrics.engine_up.set(1 if up else 0)
-    if up:
+    alive = calls.engine.connected and state == "ready"
+    calls.metrics.engine_up.set(1 if alive and age < STALE_HEARTBEAT_S else 0)
+    if alive and age < ENGINE_LOST_S:
         return
     log.error("engine is down (state %s, heartbeat %.1f s old): ending calls", state, age)
     await calls.end_all("engine_down")

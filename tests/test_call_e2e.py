@@ -10,9 +10,16 @@ from pathlib import Path
 
 import pytest
 
+from engine.control import ask_once
 from gateway.ice import restrict_host_candidates
 from tests.support.caller import band_limited_noise, measure_delay, place_call
-from tests.support.server import Served, children_of, start_serve, stop_serve
+from tests.support.server import (
+    Served,
+    children_of,
+    engine_control,
+    start_serve,
+    stop_serve,
+)
 
 log = logging.getLogger(__name__)
 
@@ -87,6 +94,29 @@ def test_ten_calls_at_once_meet_every_deadline(served: Served) -> None:
     metrics = served.engine_metrics()
     assert metrics["cadence_engine_deadline_misses_total"] == 0
     assert metrics["cadence_engine_call_ticks_total"] >= 10 * 50
+
+
+def test_an_engine_stall_of_seconds_costs_the_call_ticks_not_the_call(tmp_path: Path) -> None:
+    served = start_serve(tmp_path / "serve.log", "--test-hooks")
+    try:
+        control = engine_control(served)
+
+        async def stalled_call() -> object:
+            call = asyncio.create_task(place_call(served.url, band_limited_noise(7.0), 7.0))
+            await asyncio.sleep(2.0)
+            stall = {"op": "stall", "seconds": 2.5}  # past the 1 s the gateway calls unhealthy
+            loop = asyncio.get_running_loop()
+            assert await loop.run_in_executor(None, ask_once, control, stall) == {"ok": True}
+            return await call
+
+        result = asyncio.run(stalled_call())
+        record = result.record  # type: ignore[attr-defined]
+        assert record.get("state") == "live", json.dumps(record)  # not ended as engine_down
+        assert record["engine"]["misses"] >= 2.0 / 0.08, "the stalled ticks were counted"
+        peak, _ = measure_delay(result, band_limited_noise(7.0))  # type: ignore[arg-type]
+        assert peak > 0.6, "the echo came back around the stall"
+    finally:
+        stop_serve(served)
 
 
 def test_serve_stops_cleanly_on_sigint(tmp_path: Path) -> None:

@@ -110,3 +110,12 @@ def stop_serve(served: Served, sig: int = signal.SIGTERM, timeout_s: float = 20.
         served.process.kill()
         served.process.wait()
         raise
+
+
+def engine_control(served: Served) -> Path:
+    """The control socket of serve's engine child, from its command line."""
+    for pid in children_of(served.process.pid):
+        argv = Path(f"/proc/{pid}/cmdline").read_bytes().decode().split("\0")
+        if "engine" in argv and "--control" in argv:
+            return Path(argv[argv.index("--control") + 1])
+    raise AssertionError("serve has no engine child")
