@@ -3,9 +3,10 @@
 Sans-IO: `accept` takes the engine's frames (int16 at the model rate) and `next_packet` hands
 out exactly one packet's worth at the codec rate, or silence when nothing is queued. The
 queue holds at most `max_queue_s`; beyond it the oldest audio goes, so a stall upstream can
-never leave a call permanently behind. Frames that arrive before the sender has asked for its
-first packet are not queued: the engine serves a slot from the moment it is admitted, while
-the peer may take a few hundred milliseconds more to connect.
+never leave a call permanently behind; and a backlog that stands above one packet for two
+seconds (left by a late frame) is dropped too (DRAIN_FRAMES). Frames that arrive before the
+sender has asked for its first packet are not queued: the engine serves a slot from the
+moment it is admitted, while the peer may take a few hundred milliseconds more to connect.
 """
 
 from collections import deque
@@ -19,6 +20,11 @@ from gateway.media.pcm import to_float32, to_int16
 from gateway.media.resample import Resampler
 
 TOKEN_BACKLOG_FRAMES = 64  # about 5 s of steps at 80 ms
+# The queue's level just before each frame arrives is its standing backlog: pure delay. A late
+# frame (the engine published after its deadline) leaves silence sent and its audio queued,
+# raising that level for good; when it has stayed above one packet for this many frames, the
+# excess is dropped, so lateness costs a glitch, not lasting delay.
+DRAIN_FRAMES = 25  # 2 s at 80 ms
 
 
 class Downlink:
@@ -37,6 +43,7 @@ class Downlink:
         # the steps' tokens until `take_tokens`; bounded, so a call nobody captions cannot grow
         self.tokens: deque[NDArray[np.int32]] = deque(maxlen=TOKEN_BACKLOG_FRAMES)
         self.sending = False  # set by the first next_packet
+        self._floors: deque[int] = deque(maxlen=DRAIN_FRAMES)  # fill before each frame
 
     @property
     def queued_s(self) -> float:
@@ -48,11 +55,20 @@ class Downlink:
                 self.tokens.append(frame.tokens)
             if not self.sending:
                 continue
+            self._drain()
             x = to_float32(frame.pcm)
             if self._resampler is not None:
                 x = self._resampler.process(x)
             self._append(x)
             self.frames += 1
+
+    def _drain(self) -> None:
+        self._floors.append(self._fill)
+        standing = min(self._floors) - self.packet_samples
+        if len(self._floors) == self._floors.maxlen and standing > 0:
+            self._discard(standing)
+            self.dropped_samples += standing
+            self._floors.clear()
 
     def take_tokens(self) -> list[NDArray[np.int32]]:
         """The tokens of the frames accepted since the last call, oldest first."""
