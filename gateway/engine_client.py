@@ -36,7 +36,11 @@ class EngineClient:
 
     @property
     def connected(self) -> bool:
-        return self._writer is not None and not self._writer.is_closing()
+        """False once the engine's end of the socket is gone: a dead engine's socket reads EOF
+        while asyncio keeps our writing half open (is_closing stays False)."""
+        if self._writer is None or self._reader is None:
+            return False
+        return not self._writer.is_closing() and not self._reader.at_eof()
 
     async def connect(self) -> dict[str, Any]:
         try:

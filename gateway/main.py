@@ -58,6 +58,10 @@ async def attach_engine(
         if time.monotonic() > deadline:
             ring.close()
             raise EngineUnavailable("the engine did not become ready in time")
+        if not client.connected:  # it died warming up: wait for the one started after it
+            ring.close()
+            await client.close()
+            return await attach_engine(config, client, max(0.0, deadline - time.monotonic()))
         await asyncio.sleep(0.05)
     t0_ns, period_ns = ring.clock()
     grid = PumpGrid(t0_ns / 1e9, period_ns / 1e9, config.pumps_per_tick, config.pump_lead_s)

@@ -5,6 +5,7 @@ import json
 import logging
 import os
 import signal
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -117,6 +118,37 @@ def test_an_engine_stall_of_seconds_costs_the_call_ticks_not_the_call(tmp_path: 
         assert peak > 0.6, "the echo came back around the stall"
     finally:
         stop_serve(served)
+
+
+def test_a_killed_engine_ends_its_calls_at_once(served: Served) -> None:
+    async def killed_mid_call() -> tuple[float, dict[str, object]]:
+        call = asyncio.create_task(place_call(served.url, band_limited_noise(8.0), 8.0))
+        loop = asyncio.get_running_loop()
+        while not (
+            calls := (await loop.run_in_executor(None, served.get, "/v1/calls"))[1]["calls"]
+        ):
+            await asyncio.sleep(0.05)
+        await asyncio.sleep(1.0)
+        engine = next(
+            pid
+            for pid in children_of(served.process.pid)
+            if b"cadence\x00engine\x00" in Path(f"/proc/{pid}/cmdline").read_bytes()
+        )
+        os.kill(engine, signal.SIGKILL)
+        killed = time.monotonic()
+        call_id = calls[0]["id"]
+        while (answer := await loop.run_in_executor(None, served.get, f"/v1/calls/{call_id}"))[
+            0
+        ] == 200:
+            await asyncio.sleep(0.05)
+        ended_after_s = time.monotonic() - killed
+        await call
+        return ended_after_s, answer[1]
+
+    ended_after_s, body = asyncio.run(killed_mid_call())
+    assert body["call"]["end_reason"] == "engine_down"  # type: ignore[index]
+    # the engine's socket closing says it at once; the 12 s stall limit is not what ended it
+    assert ended_after_s < 3.0, f"the call outlived its engine by {ended_after_s:.1f} s"
 
 
 def test_serve_stops_cleanly_on_sigint(tmp_path: Path) -> None:
