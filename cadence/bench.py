@@ -34,9 +34,10 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
-from cadence.supervise import die_with_parent, stop_child, unlink_segment, wait_ready
+from cadence.supervise import die_with_parent, stop_child, wait_ready
 from engine.control import ask
 from engine.infer import check_writable
+from engine.ring import unlink_segment
 
 log = logging.getLogger(__name__)
 

@@ -9,7 +9,6 @@ MAX_RESTARTS times within RESTART_WINDOW_S stops serve with a non-zero status. C
 told by the kernel to stop if serve itself is killed, so no process is left behind.
 """
 
-import contextlib
 import ctypes
 import logging
 import os
@@ -20,12 +19,12 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable
-from multiprocessing import shared_memory
 from pathlib import Path
 from types import FrameType
 from typing import Any
 
 from engine.control import ask_once
+from engine.ring import unlink_segment
 
 log = logging.getLogger(__name__)
 
@@ -83,18 +82,6 @@ def stop_child(child: "subprocess.Popen[Any]", timeout_s: float = STOP_TIMEOUT_S
         log.error("child %d did not stop in %.0f s: killing it", child.pid, timeout_s)
         child.kill()
         child.wait()
-
-
-def unlink_segment(name: str) -> None:
-    """Remove the shared memory of an engine that died without unlinking it. The dead engine's
-    multiprocessing resource tracker may remove it at the same moment: gone is what we want."""
-    try:
-        segment = shared_memory.SharedMemory(name=name)
-    except FileNotFoundError:
-        return
-    segment.close()
-    with contextlib.suppress(FileNotFoundError):
-        segment.unlink()
 
 
 class Supervisor:

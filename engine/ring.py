@@ -31,6 +31,7 @@ Ordering relies on stores becoming visible in program order (x86-64 TSO), which 
 machines Cadence targets.
 """
 
+import contextlib
 import os
 import sys
 from dataclasses import dataclass
@@ -145,9 +146,19 @@ def _remove_if_abandoned(name: str) -> None:
             raise ValueError(f"shared-memory segment {name!r} is in use by engine pid {pid}")
     finally:
         shm.close()
-    tracked = shared_memory.SharedMemory(name=name)  # its unlink unregisters what this registers
-    tracked.close()
-    tracked.unlink()
+    unlink_segment(name)
+
+
+def unlink_segment(name: str) -> None:
+    """Remove the shared memory of an engine that died without unlinking it. The dead engine's
+    multiprocessing resource tracker may remove it at the same moment: gone is what we want."""
+    try:
+        segment = shared_memory.SharedMemory(name=name)
+    except FileNotFoundError:
+        return
+    segment.close()
+    with contextlib.suppress(FileNotFoundError):
+        segment.unlink()
 
 
 def _alive(pid: int) -> bool:

@@ -5,7 +5,7 @@ from multiprocessing import shared_memory
 
 import pytest
 
-from cadence import supervise
+from engine.ring import unlink_segment
 
 Segment = shared_memory.SharedMemory
 
@@ -22,11 +22,11 @@ def test_a_segment_removed_meanwhile_is_not_an_error(monkeypatch: pytest.MonkeyP
     name = f"cadence-test-race-{time.monotonic_ns()}"
     owner = Segment(name=name, create=True, size=64)
     owner.close()
-    monkeypatch.setattr(shared_memory, "SharedMemory", RacedSegment)  # what supervise opens
-    supervise.unlink_segment(name)  # raised FileNotFoundError and ended `serve` before
+    monkeypatch.setattr(shared_memory, "SharedMemory", RacedSegment)  # what unlink_segment opens
+    unlink_segment(name)  # raised FileNotFoundError and ended `serve` before
     with pytest.raises(FileNotFoundError):
         Segment(name=name)
 
 
 def test_a_segment_already_gone_is_not_an_error() -> None:
-    supervise.unlink_segment(f"cadence-test-absent-{time.monotonic_ns()}")
+    unlink_segment(f"cadence-test-absent-{time.monotonic_ns()}")
