@@ -114,8 +114,9 @@ def test_an_engine_stall_of_seconds_costs_the_call_ticks_not_the_call(tmp_path: 
         record = result.record  # type: ignore[attr-defined]
         assert record.get("state") == "live", json.dumps(record)  # not ended as engine_down
         assert record["engine"]["misses"] >= 2.0 / 0.08, "the stalled ticks were counted"
-        peak, _ = measure_delay(result, band_limited_noise(7.0))  # type: ignore[arg-type]
-        assert peak > 0.6, "the echo came back around the stall"
+        # about 25 ticks ran before the stall; the rest ran after it, and went back to the caller
+        assert record["engine"]["ticks"] >= 40, json.dumps(record)
+        assert record["downlink"]["frames"] >= 40, json.dumps(record)
     finally:
         stop_serve(served)
 
