@@ -29,7 +29,15 @@ log = logging.getLogger(__name__)
 PCM_SCALE = np.float32(1.0 / 32768.0)
 RECENT_TICKS = 2048  # ticks kept for the status reply's percentiles
 # the per-slot control fields a new call starts from zero
-CALL_COUNTERS = ("ticks", "misses", "underruns", "overruns", "uplink_frames", "downlink_frames")
+CALL_COUNTERS = (
+    "ticks",
+    "skipped",
+    "misses",
+    "underruns",
+    "overruns",
+    "uplink_frames",
+    "downlink_frames",
+)
 
 
 @dataclass(frozen=True)
@@ -198,6 +206,13 @@ class Engine:
         self.ring.beat(tick, published_ns)
         m.heartbeat.set(published_ns / 1e9)
 
+    def _skip(self, ticks: int) -> None:
+        """`ticks` ticks were never run: each is a deadline, and a miss, of every live call."""
+        rows = np.flatnonzero(self.table.live_mask())
+        self.ring.control["skipped"][rows] += ticks
+        self.metrics.call_skipped_ticks.inc(ticks * int(rows.size))
+        self._count_misses(ticks, rows)
+
     def _count_misses(self, ticks: int, rows: np.ndarray[Any, np.dtype[np.intp]]) -> None:
         self.ticks_missed += ticks
         self.ring.control["misses"][rows] += ticks
@@ -259,7 +274,7 @@ class Engine:
             tick, skipped = self.clock.next_tick(tick, time.monotonic_ns())
             if skipped:
                 log.warning("engine fell behind: skipped %d ticks", skipped)
-                self._count_misses(skipped, np.flatnonzero(self.table.live_mask()))
+                self._skip(skipped)
             sleep_until(self.clock.release_ns(tick))
             report = self.tick(tick)
             if report.missed:
@@ -277,6 +292,7 @@ class Engine:
                     "generation": info.generation,
                     "age_s": round(time.monotonic() - info.opened_monotonic_s, 3),
                     "ticks": int(row["ticks"]),
+                    "skipped": int(row["skipped"]),
                     "misses": int(row["misses"]),
                     "underruns": int(row["underruns"]),
                     "overruns": int(row["overruns"]),

@@ -81,6 +81,11 @@ class EngineMetrics:
             "Per-call frames served, summed over calls (session-ticks).",
             registry=r,
         )
+        self.call_skipped_ticks = Counter(
+            "cadence_engine_call_skipped_ticks_total",
+            "Per-call ticks skipped (never run: the engine fell behind), summed over calls.",
+            registry=r,
+        )
         self.underruns = Counter(
             "cadence_engine_underruns_total",
             "Per-call ticks with no fresh uplink frame after media started (fed silence).",

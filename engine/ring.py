@@ -13,7 +13,9 @@ N = frame samples, K = tokens per step):
                  engine state u32 | engine pid u32
     control      S x 64 bytes, one block per slot:
                  state u32 | generation u32 | ticks u64 | misses u64 | underruns u64 |
-                 overruns u64 | uplink frames u64 | downlink frames u64
+                 overruns u64 | uplink frames u64 | downlink frames u64 | skipped u64
+                 (ticks: run while the call was live; skipped: ticks the engine skipped
+                 while it was live, each also a miss, so misses <= ticks + skipped)
     uplink       stamps u64 [S, D], then pcm int16 [S, D, N]        gateway -> engine
     downlink     stamps u64 [S, D], tokens int32 [S, D, K], pcm int16 [S, D, N]
                                                                     engine -> gateway
@@ -76,9 +78,10 @@ CONTROL_DTYPE = np.dtype(
             "overruns",
             "uplink_frames",
             "downlink_frames",
+            "skipped",
         ],
-        "formats": ["<u4", "<u4", "<u8", "<u8", "<u8", "<u8", "<u8", "<u8"],
-        "offsets": [0, 4, 8, 16, 24, 32, 40, 48],
+        "formats": ["<u4", "<u4", "<u8", "<u8", "<u8", "<u8", "<u8", "<u8", "<u8"],
+        "offsets": [0, 4, 8, 16, 24, 32, 40, 48, 56],
         "itemsize": CONTROL_BYTES,
     }
 )

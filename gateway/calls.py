@@ -22,7 +22,7 @@ from aiortc import RTCDataChannel, RTCPeerConnection
 from engine.ring import SharedRing
 from gateway.captions import Captioner, CaptionStream, send_captions
 from gateway.config import GatewayConfig
-from gateway.deadline import PathTiming, deadline_record
+from gateway.deadline import ENGINE_COUNTERS, PathTiming, deadline_record
 from gateway.engine_client import EngineClient, EngineRefused, EngineUnavailable, SlotLease
 from gateway.media.clock import PumpGrid
 from gateway.media.downlink import Downlink
@@ -316,7 +316,7 @@ class CallRegistry:
         engine: dict[str, int] = {}
         ctrl = self.ring.control[call.lease.slot]
         if int(ctrl["generation"]) == call.lease.generation:
-            for key in ("ticks", "misses", "underruns", "overruns"):
+            for key in ENGINE_COUNTERS:
                 engine[key] = int(ctrl[key])
         return {
             "id": call.id,

@@ -1,10 +1,12 @@
 """One call's deadline statistics, for its live record and its end-of-call summary.
 
 Fleet metrics average callers together; this block says how one caller fared: how many of
-its frames the engine served, how many came late or not at all, how often its uplink was
-missing when the tick ran, how much audio the jitter buffer made up, and how much delay the
-server adds to its voice. The delay is an estimate from the parts of the path, each its own
-term, so an operator sees which one grew:
+its frames the engine served, how many of its deadlines came late or not at all (a tick the
+engine skipped while the call was live is a deadline of the call, and a miss, but serves no
+frame: the miss ratio is over ticks run plus ticks skipped, so it never exceeds 1), how often
+its uplink was missing when the tick ran, how much audio the jitter buffer made up, and how
+much delay the server adds to its voice. The delay is an estimate from the parts of the path,
+each its own term, so an operator sees which one grew:
 
     jitter buffer   played-out delay of its recent packets (median), else the buffer's target
     framing         a frame's first sample waits one tick period to fill the frame, then the
@@ -21,6 +23,9 @@ from typing import Any
 
 import numpy as np
 from numpy.typing import NDArray
+
+# the engine's per-slot counters a call record shows (engine/ring.py's control block)
+ENGINE_COUNTERS = ("ticks", "skipped", "misses", "underruns", "overruns")
 
 
 @dataclass(frozen=True)
@@ -39,6 +44,7 @@ def deadline_record(
 ) -> dict[str, Any]:
     """The `deadline` block of a call record; engine counters are empty once the slot is gone."""
     ticks = engine.get("ticks", 0)
+    skipped = engine.get("skipped", 0)
     missed = engine.get("misses", 0)
     underruns = engine.get("underruns", 0)
     jitter_s = _percentile(jitter_delays_s, 50)
@@ -51,8 +57,9 @@ def deadline_record(
     latency["total_s"] = round(sum(latency.values()), 4)
     return {
         "ticks": ticks,
+        "skipped": skipped,
         "missed": missed,
-        "miss_ratio": _ratio(missed, ticks),
+        "miss_ratio": _ratio(missed, ticks + skipped),  # every deadline the call had
         "underruns": underruns,
         "underrun_ratio": _ratio(underruns, ticks),
         "concealed": concealed,

@@ -57,7 +57,8 @@ export class Panel {
   record(rec) {
     const engine = rec.engine || {};
     if (engine.ticks !== undefined) {
-      const met = engine.ticks - engine.misses;
+      // every deadline the call had: ticks run plus ticks the engine skipped (each a miss)
+      const met = engine.ticks + (engine.skipped ?? 0) - engine.misses;
       this.set("met", count(met), met, "good");
       this.set("missed", count(engine.misses), engine.misses, engine.misses ? "bad" : "good");
       this.set("underruns", count(engine.underruns), engine.underruns, engine.underruns ? "warn" : "");

@@ -2,6 +2,7 @@
 
 import json
 import socket
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -20,6 +21,7 @@ from engine.models import ModelOptions
 from engine.models.echo import EchoModel
 from engine.ring import DownlinkReader, RingSpec, SharedRing, UplinkWriter
 from engine.slots import AdmissionRefused, SlotTable
+from gateway.deadline import ENGINE_COUNTERS, PathTiming, deadline_record
 
 PERIOD_NS = 80_000_000
 N = 1920
@@ -136,6 +138,47 @@ def test_a_frame_comes_back_one_tick_later_with_counters(
         assert ask(sock, {"op": "frobnicate"})["reason"] == "bad_request"
 
 
+def test_ticks_skipped_while_a_call_is_live_are_in_its_miss_ratio_denominator(
+    rig: tuple[Engine, ControlServer, Path],
+) -> None:
+    """A step that overruns by several periods makes the clock skip the ticks it can no longer
+    meet: each is a miss of every live call, and a deadline the call had, though no frame was
+    served. Counted as misses only, a slow engine's miss ratio read above 1."""
+    engine, _, path = rig
+    with socket.socket(socket.AF_UNIX) as sock:
+        sock.connect(str(path))
+        opened = ask(sock, {"op": "open", "call_id": "slow"})
+        slot = int(opened["slot"])
+        engine.stall_next_tick_s = 0.5  # tick 0 publishes ~6 periods late: ticks 1-5 skipped
+        stop = threading.Event()
+        runner = threading.Thread(target=engine.run, args=(stop,))
+        runner.start()
+        try:
+            deadline = time.monotonic() + 10
+            while engine.ticks_run < 3:
+                assert time.monotonic() < deadline, "the engine stopped ticking"
+                time.sleep(0.005)
+        finally:
+            stop.set()
+            runner.join()
+        (call,) = ask(sock, {"op": "status"})["calls"]
+    row = engine.ring.control[slot]
+    counters = {key: int(row[key]) for key in ENGINE_COUNTERS}
+    timing = PathTiming(tick_s=0.08, pump_lead_s=0.015)
+    block = deadline_record(counters, np.zeros(0), 0.04, 0, 0.0, timing)  # the call's record
+    assert 0.0 < block["miss_ratio"] <= 1.0, block
+    assert counters["skipped"] >= 5, counters
+    assert counters["misses"] >= 1 + counters["skipped"], "tick 0 was late and the rest skipped"
+    assert counters["misses"] <= counters["ticks"] + counters["skipped"], counters
+    assert block["skipped"] == call["skipped"] == counters["skipped"]
+    sample = engine.metrics.registry.get_sample_value
+    served = sample("cadence_engine_call_ticks_total") or 0.0
+    skipped = sample("cadence_engine_call_skipped_ticks_total") or 0.0
+    missed = sample("cadence_engine_call_deadline_misses_total") or 0.0
+    assert skipped == counters["skipped"]
+    assert 0 < missed <= served + skipped
+
+
 def test_a_reused_slot_starts_its_counters_from_zero(
     rig: tuple[Engine, ControlServer, Path],
 ) -> None:
@@ -153,11 +196,19 @@ def test_a_reused_slot_starts_its_counters_from_zero(
         second = ask(sock, {"op": "open", "call_id": "second"})
         assert second["slot"] == slot
         counters = engine.ring.control[slot]
-        fields = ("ticks", "downlink_frames", "uplink_frames", "underruns", "misses", "overruns")
+        fields = [
+            "ticks",
+            "skipped",
+            "downlink_frames",
+            "uplink_frames",
+            "underruns",
+            "misses",
+            "overruns",
+        ]
         # zero from the moment it is open: the gateway may read its record before a tick
-        assert [int(counters[f]) for f in fields] == [0, 0, 0, 0, 0, 0]
+        assert [int(counters[f]) for f in fields] == [0, 0, 0, 0, 0, 0, 0]
         engine.tick(4)
-        assert [int(counters[f]) for f in fields] == [1, 1, 0, 0, 0, 0]
+        assert [int(counters[f]) for f in fields] == [1, 0, 1, 0, 0, 0, 0]
 
 
 def test_a_gateway_that_goes_away_frees_its_slots(

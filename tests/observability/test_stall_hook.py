@@ -126,6 +126,8 @@ def test_the_deadline_block_adds_up_the_server_side_path() -> None:
         "send_queue_s": 0.02,
         "total_s": 0.245,
     }
+    slow = deadline_record({"ticks": 4, "skipped": 5, "misses": 6}, delays, 0.1, 0, 0.0, timing)
+    assert slow["miss_ratio"] == round(6 / 9, 6), "over ticks run plus ticks skipped"
     empty = deadline_record({}, np.zeros(0), 0.1, 0, 0.0, timing)
     assert empty["miss_ratio"] is None, "no frames served yet: no ratio, not 0"
     assert empty["server_latency_estimate"]["jitter_buffer_s"] == 0.1, "the target until packets"
