@@ -13,8 +13,9 @@ independent of each other, so they run without programmatic dependent launch (wi
 would overlap); the depformer stage below runs as served, with it.
 
 Then the depformer stage (8 steps x 6 layers, greedy, as bench/engine_stages.py) built alone
-at the same row counts: per-op kernels (`few_rows` 0), the few-rows path with the launcher's
-default tiles, and with each GEMM's fastest tile of the sweep.
+at the same row counts (`--temporal`: and the temporal transformer's step, every ring full):
+per-op kernels (`few_rows` 0), the few-rows path with the launcher's default tiles, and with
+each GEMM's fastest tile of the sweep.
 """
 
 import argparse
@@ -43,6 +44,7 @@ from engine.models.moshi.config import moshiko
 from engine.models.moshi.depformer import Depformer
 from engine.models.moshi.model import randomize
 from engine.models.moshi.sampling import Sampling
+from engine.models.moshi.transformer import TemporalTransformer
 from kernels import dependent_launch
 from kernels.fused_linear import MAX_ROWS, Tiles, add_fused_linear, default_tiles, fused_linear
 from kernels.gated_silu import gated_silu
@@ -73,6 +75,15 @@ SWEEP = [
     Tiles(128, 128, True, stages=3, swap=True),
     Tiles(256, 64, True, warps=8, stages=3, swap=True),
     Tiles(128, 64, True, stages=5, programs_per_sm=1, swap=True),
+    # split units, so that every multiprocessor streams (the launcher fits the stages)
+    Tiles(64, 128, True, stages=6, swap=True, splits=2),
+    Tiles(64, 128, True, stages=4, swap=True, splits=2),
+    Tiles(64, 128, True, stages=6, swap=True, splits=3),
+    Tiles(64, 128, True, stages=6, swap=True, splits=4),
+    Tiles(64, 64, True, stages=8, swap=True, splits=2),
+    Tiles(128, 64, True, stages=5, swap=True, splits=2),
+    Tiles(128, 64, True, stages=5, swap=True, splits=3),
+    Tiles(128, 128, True, stages=3, swap=True, splits=2),
 ]
 # (name, mode, n, k): mode as tests/kernels/test_fused_linear.py's MODES
 DEP, DEP_HIDDEN = 1024, 2816
@@ -203,6 +214,49 @@ def depformer_rows(rows: int, best: dict[tuple[int, int], Tiles]) -> dict[str, A
     return found
 
 
+def temporal_rows(rows: int, best: dict[tuple[int, int], Tiles]) -> dict[str, Any]:
+    """The temporal transformer's step (32 layers, every ring full) at `rows` slots: the
+    per-op kernels (`few_rows` 0), the few-rows path with the launcher's default tiles, and
+    with each GEMM's fastest tile of the sweep."""
+    config = moshiko().lm
+    cuda = torch.device("cuda")
+    transformer = TemporalTransformer(
+        dim=config.dim,
+        num_heads=config.num_heads,
+        num_layers=config.num_layers,
+        ffn_hidden=config.ffn_hidden,
+        max_period=config.max_period,
+        context=config.context,
+        slots=rows,
+        device=cuda,
+        dtype=torch.bfloat16,
+    )
+    randomize(transformer, 2)
+    transformer.eval()
+    transformer.positions.fill_(2 * config.context)  # every ring full
+    x = torch.randn(rows, 1, config.dim, device=cuda, dtype=torch.bfloat16)
+
+    def stage() -> Tensor:
+        out: Tensor = transformer.step(x)
+        transformer.positions.sub_(1)  # the same position at every replay
+        return out
+
+    found: dict[str, Any] = {"rows": rows}
+    default = fused_linear_module.default_tiles
+    variants: list[tuple[str, int, Callable[[int, int, int], Tiles]]] = [
+        ("per_op", 0, default),
+        ("few_rows", MAX_ROWS, default),
+        ("few_rows_best", MAX_ROWS, lambda c, n, k: best.get((n, k), default(c, n, k))),
+    ]
+    for name, few_rows, tiles in variants:
+        transformer.few_rows = few_rows
+        fused_linear_module.default_tiles = tiles  # type: ignore[assignment]
+        found[name] = summary(replay_ms(stage)) | {"kernels": count_kernels(stage)}
+        log.info("temporal %d rows %s %s", rows, name, found[name])
+    fused_linear_module.default_tiles = default
+    return found
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rows", default="1,8")
@@ -215,6 +269,7 @@ def main() -> int:
         "machine": machine(),
         "gemms": [],
         "depformer": [],
+        "temporal": [],
     }
     with torch.no_grad():
         for rows in [int(r) for r in args.rows.split(",")]:
@@ -228,8 +283,11 @@ def main() -> int:
                 result["gemms"].append(row)
                 if args.json:
                     args.json.write_text(json.dumps(result, indent=1))
-            dependent_launch.ENABLED = True  # the stage as served
+            dependent_launch.ENABLED = True  # the stages as served
             result["depformer"].append(depformer_rows(rows, best))
+            if args.temporal:
+                result["temporal"].append(temporal_rows(rows, best))
+                torch.cuda.empty_cache()
             torch.cuda.empty_cache()
             if args.json:
                 args.json.write_text(json.dumps(result, indent=1))

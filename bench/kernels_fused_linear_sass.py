@@ -58,18 +58,26 @@ def build(tiles: Tiles, rows: int, mode: tuple[bool, bool, bool, bool]) -> tuple
         "widen": False,
         "pdl": True,
     }
-    if not tiles.swap:
+    pointers = dict.fromkeys([*POINTERS, "out_ptr"], "*bf16")
+    if tiles.swap:
+        pointers |= {"partial_ptr": "*fp32", "arrived_ptr": "*i32"}
+        constants |= {"norm_k": fused_linear.NORM_K, "splits": tiles.splits}
+    else:
         constants["dot"] = tiles.dot
-    types = dict.fromkeys([*POINTERS, "out_ptr"], "*bf16") | dict.fromkeys(INTEGERS, "i32")
+    types = pointers | dict.fromkeys(INTEGERS, "i32")
     types |= {"eps": "fp32"} | dict.fromkeys(constants, "constexpr")
     names = list(types)
-    aligned = [*POINTERS, "out_ptr", *INTEGERS[1:]]  # the row count is not specialized
+    aligned = [*pointers, *INTEGERS[1:]]  # the row count is not specialized
     attrs = {(names.index(name),): [["tt.divisibility", 16]] for name in aligned}
     kernel = (
         fused_linear._swapped_linear_kernel if tiles.swap else fused_linear._fused_linear_kernel
     )
     source = ASTSource(fn=kernel, signature=types, constexprs=constants, attrs=attrs)
-    options = {"num_warps": tiles.warps, "num_stages": tiles.stages}
+    stages = tiles.stages
+    if tiles.swap:  # as the launcher fits them
+        tile = (tiles.block_n * (2 if gated else 1) + block_m) * tiles.block_k * 2
+        stages = fused_linear._fitted_stages(stages, tile)
+    options = {"num_warps": tiles.warps, "num_stages": stages}
     compiled = triton.compile(source, target=HOPPER, options=options)
     return bytes(compiled.asm["cubin"]), int(compiled.metadata.shared)
 

@@ -112,6 +112,11 @@ FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 MAX_ROWS = 16  # rows of one program; more rows would re-read the weight per row block
 STREAM = tl.constexpr("evict_first")  # the weights' cache policy (read once)
 CUDA_CORE_ROWS = 4  # default_tiles: rows up to this many on the CUDA cores
+SWAP_K = 4096  # default_tiles: from this k (the temporal layer's) the swapped, split tiles
+NORM_K = 512  # the swapped kernel's norm statistics: this much of k per iteration
+SHARED_BYTES = 200 << 10  # the swapped kernel's pipeline stages: at most this much (228 KB/SM)
+# per device: the split units' sums and arrival counts, the last the largest (_split_workspace)
+_WORKSPACES: dict[torch.device, list[tuple[Tensor, Tensor]]] = {}
 
 
 @dataclass(frozen=True)
@@ -127,8 +132,10 @@ class Tiles:
     # at most this many programs per multiprocessor, each then taking several column blocks
     # (0: one program per block)
     programs_per_sm: int = 0
-    # tensor cores with the weight as the left operand (_swapped_linear_kernel): not timed yet
+    # tensor cores with the weight as the left operand (_swapped_linear_kernel)
     swap: bool = False
+    # swapped only: each column block's k in this many units of work (see the kernel)
+    splits: int = 1
 
 
 def default_tiles(rows: int, n: int, k: int) -> Tiles:
@@ -138,7 +145,9 @@ def default_tiles(rows: int, n: int, k: int) -> Tiles:
     one row two output columns per program, at most 8 programs per multiprocessor (each
     walks several column blocks), at two to four rows four columns per program. More rows,
     the broadcast product outgrows the registers: the tensor cores."""
-    del n, k
+    del n
+    if k >= SWAP_K:
+        return Tiles(block_n=64, block_k=128, dot=True, stages=6, swap=True, splits=2)
     if rows == 1:
         return Tiles(block_n=2, block_k=1024, dot=False, programs_per_sm=8)
     if rows <= CUDA_CORE_ROWS:
@@ -413,6 +422,8 @@ def _swapped_linear_kernel(  # type: ignore[no-untyped-def,unused-ignore]
     residual_ptr,
     total_ptr,
     out_ptr,
+    partial_ptr,
+    arrived_ptr,
     rows,
     n,
     k,
@@ -424,6 +435,8 @@ def _swapped_linear_kernel(  # type: ignore[no-untyped-def,unused-ignore]
     block_m: tl.constexpr,
     block_n: tl.constexpr,
     block_k: tl.constexpr,
+    norm_k: tl.constexpr,
+    splits: tl.constexpr,
     norm: tl.constexpr,
     has_pending: tl.constexpr,
     has_residual: tl.constexpr,
@@ -435,26 +448,37 @@ def _swapped_linear_kernel(  # type: ignore[no-untyped-def,unused-ignore]
     (block_n of its rows fill the product's M), the rows the right one (padded to block_m
     columns). The weight loads feed the products directly, so Triton's software pipeliner can
     keep `stages` tiles of each in flight through shared memory (cuBLAS's few-row kernels
-    are shaped so: nvjet ..._256x8_64x6 is 256 weight rows by 8 by 64 of k, 6 stages)."""
+    are shaped so: nvjet ..._256x8_64x6 is 256 weight rows by 8 by 64 of k, 6 stages).
+
+    With `splits` > 1 each column block's k is cut in that many parts, each a unit of work of
+    its own, so that narrow outputs still stream on every multiprocessor: a unit stores its
+    fp32 sums in `partial_ptr` and counts itself in `arrived_ptr` (one int32 per column block,
+    zero between launches); the unit that arrives last adds the parts in their order (the
+    sums do not depend on which unit is last), runs the epilogue and sets the count back to
+    zero."""
     program = tl.program_id(0)
     programs = tl.num_programs(0)
     row = tl.arange(0, block_m)
     row_in = row < rows
     lanes = tl.arange(0, block_n)
-    steps = tl.arange(0, block_k)
     wait_for_inputs(pdl)
     inv = tl.zeros([block_m], dtype=tl.float32)  # read only when norm
     if norm:
         inv = _inverse_rms(
             x_ptr, pending_ptr, total_ptr, stride_x, stride_pending, k, eps, row, row_in,
-            steps, program == 0, has_pending,
+            tl.arange(0, norm_k), program == 0, has_pending,
         )  # fmt: skip
-    for block in range(program, tl.cdiv(n, block_n), programs):
+    part_k = tl.cdiv(tl.cdiv(k, block_k), splits) * block_k  # the k of one unit
+    # one unit's sums in partial_ptr: [block_n, block_m], and the up half's after them
+    part = lanes[:, None] * block_m + row[None, :]
+    for unit in range(program, tl.cdiv(n, block_n) * splits, programs):
+        block = unit // splits
         col = block * block_n + lanes
         acc = tl.zeros([block_n, block_m], dtype=tl.float32)
         acc_up = tl.zeros([block_n, block_m], dtype=tl.float32)
-        for start in range(0, k, block_k):
-            cols = start + steps
+        first_k = unit % splits * part_k
+        for start in range(first_k, tl.minimum(k, first_k + part_k), block_k):
+            cols = start + tl.arange(0, block_k)
             w, w_up = _weight_tiles(weight_ptr, stride_weight, n, k, col, cols, gated)
             x = _normed_rows(
                 x_ptr, pending_ptr, alpha_ptr, stride_x, stride_pending, row, row_in, cols,
@@ -463,10 +487,33 @@ def _swapped_linear_kernel(  # type: ignore[no-untyped-def,unused-ignore]
             acc = _product_swapped(acc, w, x, widen)
             if gated:
                 acc_up = _product_swapped(acc_up, w_up, x, widen)
-        _store_block(
-            tl.trans(acc), tl.trans(acc_up), residual_ptr, out_ptr, stride_residual, n, row,
-            row_in, col, has_residual, gated,
-        )  # fmt: skip
+        last = True
+        if splits > 1:
+            unit_sums = partial_ptr + tl.cast(unit, tl.int64) * (2 * block_n * block_m) + part
+            tl.store(unit_sums, acc)
+            if gated:
+                tl.store(unit_sums + block_n * block_m, acc_up)
+            # every thread's sums are stored before the count (released at GPU scope) says so
+            tl.debug_barrier()
+            last = tl.atomic_add(arrived_ptr + block, 1, sem="acq_rel") == splits - 1
+            if last:
+                tl.debug_barrier()
+                acc = tl.zeros([block_n, block_m], dtype=tl.float32)
+                acc_up = tl.zeros([block_n, block_m], dtype=tl.float32)
+                block_sums = partial_ptr + tl.cast(block * splits, tl.int64) * (
+                    2 * block_n * block_m
+                )
+                for index in range(0, splits):
+                    sums = block_sums + index * (2 * block_n * block_m) + part
+                    acc += tl.load(sums, cache_modifier=".cg")
+                    if gated:
+                        acc_up += tl.load(sums + block_n * block_m, cache_modifier=".cg")
+                tl.store(arrived_ptr + block, 0)
+        if last:
+            _store_block(
+                tl.trans(acc), tl.trans(acc_up), residual_ptr, out_ptr, stride_residual, n, row,
+                row_in, col, has_residual, gated,
+            )  # fmt: skip
 
 
 @triton.jit  # type: ignore[untyped-decorator,unused-ignore]
@@ -484,6 +531,25 @@ def _rows(x: Tensor, width: int, name: str) -> Tensor:
     assert x.shape[-1] == width, f"{name}: {tuple(x.shape)}, last dimension must be {width}"
     assert x.stride(-1) == 1, f"{name} rows must be unit-stride, strides {x.stride()}"
     return x.view(-1, width)
+
+
+def _split_workspace(device: torch.device, sums: int, blocks: int) -> tuple[Tensor, Tensor]:
+    """The split units' fp32 sums (at least `sums`) and the int32 arrival counts (at least
+    `blocks`, zero between launches) on `device`: one pair for every launch there, as the
+    kernels of a tick run one after another on one stream. A launch that needs more gets a
+    larger pair; the smaller ones are kept, since a captured graph may still use them."""
+    kept = _WORKSPACES.setdefault(device, [])
+    if not kept or kept[-1][0].numel() < sums or kept[-1][1].numel() < blocks:
+        sums = max(sums, kept[-1][0].numel() if kept else 0)
+        blocks = max(blocks, kept[-1][1].numel() if kept else 0)
+        partial = torch.empty(sums, device=device, dtype=torch.float32)
+        kept.append((partial, torch.zeros(blocks, device=device, dtype=torch.int32)))
+    return kept[-1]
+
+
+def _fitted_stages(stages: int, stage_bytes: int) -> int:
+    """At most `stages` pipeline stages of `stage_bytes` that fit in SHARED_BYTES (at least 2)."""
+    return max(2, min(stages, SHARED_BYTES // stage_bytes))
 
 
 def _launch(
@@ -541,12 +607,27 @@ def _launch(
         # off CUDA (the interpreter) 1: the cap is then the programs in all
         programs = min(programs, tiles.programs_per_sm * multiprocessors(x.device, off_cuda=1))
     pdl = dependent(x, "fused_linear")
+    stages = tiles.stages
     if tiles.swap:
         assert tiles.dot, f"swap takes tensor-core tiles, {tiles}"
+        assert tiles.splits >= 1, tiles
         kernel = _swapped_linear_kernel
-        modes = {}
+        blocks = triton.cdiv(n, tiles.block_n)
+        partial, arrived = _split_workspace(
+            x.device, blocks * tiles.splits * 2 * tiles.block_n * block_m, blocks
+        )
+        programs = blocks * tiles.splits
+        if tiles.programs_per_sm:
+            programs = min(programs, tiles.programs_per_sm * multiprocessors(x.device, off_cuda=1))
+        # the pipeliner keeps `stages` weight (and row) tiles in shared memory
+        tile_bytes = (tiles.block_n * (2 if gated else 1) + block_m) * tiles.block_k
+        stages = _fitted_stages(stages, tile_bytes * x.element_size())
+        workspace = [partial, arrived]
+        modes = {"norm_k": min(NORM_K, triton.next_power_of_2(k)), "splits": tiles.splits}
     else:
+        assert tiles.splits == 1, f"splits take swapped tiles, {tiles}"
         kernel = _fused_linear_kernel
+        workspace = []
         modes = {"dot": tiles.dot}
     kernel[(programs,)](
         rows,
@@ -556,6 +637,7 @@ def _launch(
         residual_rows,
         total,
         out,
+        *workspace,
         count,
         n,
         k,
@@ -578,7 +660,7 @@ def _launch(
         pdl=pdl,
         launch_pdl=pdl,
         num_warps=tiles.warps,
-        num_stages=tiles.stages,
+        num_stages=stages,
     )
     return total, out
 

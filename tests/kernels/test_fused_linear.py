@@ -15,6 +15,7 @@ import torch
 pytest.importorskip("triton", reason="triton is not installed (CPU torch does not bring it)")
 
 from kernels.fused_linear import (
+    _WORKSPACES,
     MAX_ROWS,
     Tiles,
     add_fused_linear,
@@ -30,14 +31,18 @@ SMALL_TILES = [
     Tiles(block_n=16, block_k=32, dot=True),
     Tiles(block_n=8, block_k=32, dot=False),
     Tiles(block_n=16, block_k=32, dot=True, swap=True),
+    # k 72 in units of 64 and 8: the last unit of a block is short
+    Tiles(block_n=16, block_k=32, dot=True, swap=True, splits=2),
 ]
-TILE_IDS = ["dot", "cuda_cores", "swapped"]
+TILE_IDS = ["dot", "cuda_cores", "swapped", "swapped_split"]
 # a grid smaller than the column blocks (interpreted: programs_per_sm programs in all), so
 # programs walk several blocks, unevenly: 40 columns are 3 blocks of 16 and 5 of 8
 FEW_PROGRAM_TILES = [
     Tiles(block_n=16, block_k=32, dot=True, programs_per_sm=1),
     Tiles(block_n=8, block_k=32, dot=False, programs_per_sm=2),
     Tiles(block_n=16, block_k=32, dot=True, programs_per_sm=2, swap=True),
+    # 9 units on 2 programs: a program adds two parts of one block, the other arrives last
+    Tiles(block_n=16, block_k=32, dot=True, programs_per_sm=2, swap=True, splits=3),
 ]
 # the modes of the module docstring: (norm, pending, residual, gated)
 MODES = {
@@ -139,6 +144,30 @@ def test_interpreted_row_counts(rows: int) -> None:
     _check("norm_pending", rows, 24, 48, torch.float32, SMALL_TILES[0])
     _check("residual", rows, 24, 48, torch.float32, SMALL_TILES[1])
     _check("norm_gated", rows, 24, 48, torch.float32, SMALL_TILES[2])
+    _check("norm_gated", rows, 24, 48, torch.float32, SMALL_TILES[3])
+
+
+def _split_launches_agree(tiles: Tiles, n: int, k: int) -> None:
+    """Split units leave every arrival count at zero, so that the next launch (another
+    shape, reusing the counts) and a repeat of the first give the same bits."""
+    x = _randn(1, 1, k, dtype=torch.float32, seed=12)
+    weight = _randn(2 * n, k, dtype=torch.float32, seed=13, scale=k**-0.5)
+    alpha = _randn(k, dtype=torch.float32, seed=14)
+    first = fused_linear(x, weight, alpha=alpha, eps=EPS, gated=True, tiles=tiles)
+    other = fused_linear(x, weight[: n // 2], residual=first[..., : n // 2], tiles=tiles)
+    again = fused_linear(x, weight, alpha=alpha, eps=EPS, gated=True, tiles=tiles)
+    assert torch.equal(first, again)
+    _assert_near(
+        other, fused_linear_reference(x, weight[: n // 2], residual=first[..., : n // 2])[1]
+    )
+    for _, arrived in _WORKSPACES[x.device]:
+        assert int(arrived.abs().sum()) == 0, arrived
+
+
+@interpreter
+@needs_cpu
+def test_interpreted_split_counts_return_to_zero() -> None:
+    _split_launches_agree(SMALL_TILES[3], 40, 72)
 
 
 @interpreter
@@ -191,10 +220,28 @@ def test_seven_b_shapes_bf16(mode: str, n: int, k: int, rows: int) -> None:
         Tiles(4, 512, False, programs_per_sm=1),
         Tiles(64, 128, True, stages=4, swap=True),
         Tiles(128, 64, True, stages=4, programs_per_sm=1, swap=True),
+        Tiles(64, 128, True, stages=4, swap=True, splits=3),
+        Tiles(64, 64, True, stages=4, programs_per_sm=1, swap=True, splits=4),
     ],
-    ids=["dot", "cuda_cores", "cuda_cores_few_programs", "swapped", "swapped_few_programs"],
+    ids=[
+        "dot",
+        "cuda_cores",
+        "cuda_cores_few_programs",
+        "swapped",
+        "swapped_few_programs",
+        "swapped_split",
+        "swapped_split_few_programs",
+    ],
 )
 @pytest.mark.parametrize("mode", list(MODES))
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_compiled_modes_and_tiles(mode: str, dtype: torch.dtype, tiles: Tiles) -> None:
     _check(mode, 3, 200, 1000, dtype, tiles)
+
+
+@gpu
+@needs_cuda
+@pytest.mark.parametrize("splits", [2, 5])
+def test_compiled_split_counts_return_to_zero(splits: int) -> None:
+    # the temporal FFN's shapes; the repeat runs on another program placement
+    _split_launches_agree(Tiles(64, 128, True, stages=4, swap=True, splits=splits), 11264, 4096)

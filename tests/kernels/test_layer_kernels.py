@@ -19,8 +19,9 @@ from engine.models.moshi.attention import ring_mask
 from engine.models.moshi.depformer import FEW_ROWS, Depformer
 from engine.models.moshi.model import randomize
 from engine.models.moshi.sampling import Sampling
-from engine.models.moshi.transformer import TemporalLayer
-from kernels.fused_linear import MAX_ROWS
+from engine.models.moshi.transformer import TemporalLayer, TemporalTransformer
+from kernels import fused_linear
+from kernels.fused_linear import MAX_ROWS, Tiles
 from kernels.gated_silu import gated_silu, gated_silu_reference
 from kernels.rms_norm import add_rms_norm, rms_norm, rms_norm_reference
 from kernels.step_attention import step_attention, step_attention_reference
@@ -136,6 +137,43 @@ def test_temporal_layer_fused_matches_torch_path() -> None:
         for fused in (False, True):
             layer.fused = fused
             outputs.append(layer(x, start, keys.clone(), values.clone(), mask))
+    torch.testing.assert_close(outputs[1], outputs[0], rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize(
+    "tiles",
+    [None, Tiles(block_n=16, block_k=32, dot=True, programs_per_sm=2, swap=True, splits=2)],
+    ids=["default_tiles", "swapped_split"],
+)
+def test_temporal_few_rows_path_matches_the_torch_path(
+    tiles: Tiles | None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    if tiles is not None:  # the tiles the 7B shapes take, at a size the interpreter runs
+        monkeypatch.setattr(fused_linear, "default_tiles", lambda *_: tiles)
+    slots, dim, frames = 1, 64, 3
+    outputs = []
+    for few_rows, decode in ((0, False), (slots, True)):
+        transformer = TemporalTransformer(
+            dim=dim,
+            num_heads=4,
+            num_layers=2,
+            ffn_hidden=176,
+            max_period=1e4,
+            context=8,
+            slots=slots,
+            device=DEVICE,
+            dtype=torch.float32,
+            decode_kernel=decode,
+        )
+        randomize(transformer, 17)
+        transformer.few_rows = few_rows
+        with torch.no_grad():
+            for module in transformer.modules():
+                if isinstance(module, TemporalLayer):
+                    for norm in (module.norm1, module.norm2):
+                        norm.alpha.copy_(_randn(1, 1, dim, dtype=torch.float32, seed=18))
+            steps = [_randn(slots, 1, dim, dtype=torch.float32, seed=19 + f) for f in range(frames)]
+            outputs.append(torch.stack([transformer.step(x) for x in steps]))
     torch.testing.assert_close(outputs[1], outputs[0], rtol=1e-5, atol=1e-5)
 
 

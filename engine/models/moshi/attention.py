@@ -213,17 +213,18 @@ class RingAttention(nn.Module):
         batch, steps, dim = x.shape
         qkv = self.in_proj(x).view(batch, steps, 3, self.num_heads, dim // self.num_heads)
         if isinstance(mask, RingRead) and mask.mask is None:
-            out = self._decode(qkv, start, keys, values, mask)
+            out = self.decode(qkv, start, keys, values, mask)
         else:
             ring = mask if isinstance(mask, RingRead) else RingRead(keys.shape[2], None, mask)
             out = self._masked(qkv, start, keys, values, ring)
         projected: Tensor = self.out_proj(out.transpose(1, 2).reshape(batch, steps, dim))
         return projected
 
-    def _decode(
+    def decode(
         self, qkv: Tensor, start: Tensor, keys: Tensor, values: Tensor, ring: RingRead
     ) -> Tensor:
-        """The Triton path: [B, 1, 3, H, D] -> [B, H, 1, D]."""
+        """The Triton path, before the output projection: [B, 1, 3, H, D] -> [B, H, 1, D]
+        (also TemporalLayer's few-rows path)."""
         # imported here: triton is absent from CPU-only installs, which never take this path
         from kernels.kv_append import rope_kv_append
         from kernels.ring_attention import ring_attention

@@ -39,6 +39,9 @@ from engine.models.moshi.attention import (
 )
 
 RMS_EPS = 1e-8
+# the largest batch whose decode steps run on the few-rows linears of kernels/fused_linear.py
+# (TemporalLayer._few_rows; measured: see that module's docstring); at most its MAX_ROWS
+FEW_ROWS = 1
 
 
 class GatedFfn(nn.Module):
@@ -103,14 +106,48 @@ class TemporalLayer(nn.Module):
         self.fused: bool | None = None
 
     def forward(
-        self, x: Tensor, start: Tensor, keys: Tensor, values: Tensor, mask: Tensor | RingRead
+        self,
+        x: Tensor,
+        start: Tensor,
+        keys: Tensor,
+        values: Tensor,
+        mask: Tensor | RingRead,
+        few_rows: bool = False,
     ) -> Tensor:
+        """`few_rows` (one frame per slot through the ring kernels, at most
+        TemporalTransformer.few_rows slots): seven launches, see _few_rows."""
+        if few_rows and isinstance(mask, RingRead) and mask.mask is None:
+            return self._few_rows(x, start, keys, values, mask)
         fused = fused_on(x, self.fused)
         normed = rms_norm(x, self.norm1.alpha, self.norm1.eps, fused)
         attended = self.self_attn(normed, start, keys, values, mask)
         x, normed = add_rms_norm(x, attended, self.norm2.alpha, self.norm2.eps, fused)
         out: Tensor = self.gating(normed, x, fused)
         return out
+
+    def _few_rows(
+        self, x: Tensor, start: Tensor, keys: Tensor, values: Tensor, ring: RingRead
+    ) -> Tensor:
+        """The layer for a few slots in seven launches: [norm + qkv], [RoPE + KV append], the
+        ring attention's two passes, [out + residual], [norm + gate/up + SiLU], [down +
+        residual]; the norms are the GEMMs' prologues, the residual adds their epilogues
+        (the per-op path: twelve, with cuBLAS's split-K reductions). Rounded where the
+        per-op path rounds (kernels/fused_linear.py)."""
+        # imported here: triton is absent from CPU-only installs, which never take this path
+        from kernels.fused_linear import fused_linear
+
+        attention, gating = self.self_attn, self.gating
+        batch, _, dim = x.shape
+        heads = attention.num_heads
+        qkv = fused_linear(x, attention.in_proj.weight, alpha=self.norm1.alpha, eps=self.norm1.eps)
+        qkv = qkv.view(batch, 1, 3, heads, dim // heads)
+        attended = attention.decode(qkv, start, keys, values, ring)  # [B, H, 1, D]
+        attended = attended.transpose(1, 2).reshape(batch, 1, dim)  # the heads side by side
+        x = fused_linear(attended, attention.out_proj.weight, residual=x)
+        gated = fused_linear(
+            x, gating.linear_in.weight, alpha=self.norm2.alpha, eps=self.norm2.eps, gated=True
+        )
+        return fused_linear(gated, gating.linear_out.weight, residual=x)
 
 
 class TemporalTransformer(nn.Module):
@@ -134,6 +171,9 @@ class TemporalTransformer(nn.Module):
         self.context = context
         # None: the kernel on CUDA only. Read at every step: set it before a graph is captured
         self.decode_kernel = decode_kernel
+        # the largest batch whose decode steps take TemporalLayer's few-rows path (0: never).
+        # Read at every step, like decode_kernel
+        self.few_rows = FEW_ROWS
         self.layers = nn.ModuleList(
             TemporalLayer(dim, num_heads, ffn_hidden, max_period, device, dtype)
             for _ in range(num_layers)
@@ -184,10 +224,11 @@ class TemporalTransformer(nn.Module):
         or torch ops with a mask."""
         start = self.positions[rows]
         mask = None if decode else ring_mask(start, x.shape[1], self.context, self.context)
+        few_rows = decode and x.shape[0] <= self.few_rows
         for index, layer in enumerate(self.layers):
             scales = None
             if self.key_scale is not None and self.value_scale is not None:
                 scales = (self.key_scale[index, rows], self.value_scale[index, rows])
             ring = RingRead(self.context, scales, mask)
-            x = layer(x, start, self.keys[index, rows], self.values[index, rows], ring)
+            x = layer(x, start, self.keys[index, rows], self.values[index, rows], ring, few_rows)
         return x
