@@ -2,7 +2,8 @@
 
 The engine starts first and must answer `status` as ready before the gateway starts. On
 Ctrl-C or SIGTERM the gateway stops first (it ends its calls and releases their slots), then
-the engine (it unlinks its shared memory). A child that dies is restarted: meanwhile the
+the engine (it unlinks its shared memory); a stop before the engine is ready ends serve there,
+with the same status 0. A child that dies is restarted: meanwhile the
 gateway keeps serving, reports the engine down (/healthz 503, new calls 503
 engine_unavailable) and re-attaches to the new engine by itself. A child that dies more than
 MAX_RESTARTS times within RESTART_WINDOW_S stops serve with a non-zero status. Children are
@@ -140,6 +141,9 @@ class Supervisor:
     def _run(self) -> int:
         self.engine = self._start_engine()
         if not wait_ready(self.engine, self.control, self._ready_timeout_s, lambda: self._stop):
+            if self._stop:  # Ctrl-C or SIGTERM while the engine warmed up: a stop, not an error
+                log.info("stopped during the engine's warm-up, before it was ready")
+                return 0
             return 1
         self.gateway = self._start_gateway()
         while not self._stop:

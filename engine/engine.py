@@ -244,8 +244,9 @@ class Engine:
 
     # -- the loop ----------------------------------------------------------------------------
 
-    def warm_up(self, steps: int = 3) -> None:
-        """Run a few steps over every slot before the first deadline counts.
+    def warm_up(self, steps: int = 3, stop: threading.Event | None = None) -> bool:
+        """Run a few steps over every slot before the first deadline counts; False if `stop`
+        was set before they all ran.
 
         First calls into a model pay one-time costs (allocator, kernel selection, lazy init)
         that would otherwise land on the first real ticks. Every row is marked reset on the
@@ -257,12 +258,18 @@ class Engine:
         every = np.ones(slots, np.bool_)
         t0 = time.perf_counter()
         for i in range(steps):
+            if stop is not None and stop.is_set():
+                return False
             self.executor.run(silence, every if i == 0 else ~every, every)
         log.info("warmed up in %.0f ms (%d steps)", (time.perf_counter() - t0) * 1e3, steps)
+        return True
 
     def run(self, stop: threading.Event) -> None:
-        """Warm up, then tick on absolute deadlines until `stop` is set."""
-        self.warm_up()
+        """Warm up, then tick on absolute deadlines until `stop` is set. A stop during the
+        warm-up ends it there: the engine never reports ready nor admits a call."""
+        if not self.warm_up(stop=stop) or stop.is_set():
+            log.info("engine stopped during warm-up, before it was ready")
+            return
         t0 = time.monotonic_ns() + self.period_ns
         self.clock = TickClock(t0, self.period_ns)
         self.ring.set_clock(t0)

@@ -1,10 +1,18 @@
-"""The supervisor's clean-up of a dead engine's shared memory."""
+"""The supervisor: clean-up of a dead engine's shared memory, stopping before and after ready."""
 
+import logging
+import os
+import signal
+import subprocess
+import sys
+import threading
 import time
 from multiprocessing import shared_memory
 
 import pytest
 
+from cadence import supervise
+from cadence.supervise import Supervisor
 from engine.ring import unlink_segment
 
 Segment = shared_memory.SharedMemory
@@ -30,3 +38,40 @@ def test_a_segment_removed_meanwhile_is_not_an_error(monkeypatch: pytest.MonkeyP
 
 def test_a_segment_already_gone_is_not_an_error() -> None:
     unlink_segment(f"cadence-test-absent-{time.monotonic_ns()}")
+
+
+@pytest.mark.parametrize("ready", [False, True])
+def test_ctrl_c_stops_serve_with_one_status_before_and_after_the_engine_is_ready(
+    ready: bool, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Ctrl-C while the engine still warms up is a stop like any other: serve says so in one
+    line and exits 0, as after ready (it exited 1, silently), without starting the gateway."""
+    spawned: list[str] = []
+
+    def spawn(
+        supervisor: Supervisor, role: str, args: list[str], secrets: dict[str, str] | None = None
+    ) -> "subprocess.Popen[bytes]":
+        spawned.append(role)
+        if role == ("gateway" if ready else "engine"):  # serve's handlers are installed by now
+            threading.Timer(0.3, os.kill, (os.getpid(), signal.SIGINT)).start()
+        return subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+
+    monkeypatch.setattr(Supervisor, "_spawn", spawn)
+    # an engine that never answers stays in warm-up; one that answers ready lets serve go on
+    monkeypatch.setattr(
+        supervise, "engine_status", lambda control: {"state": "ready"} if ready else None
+    )
+    handlers = signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)
+    try:
+        with caplog.at_level("INFO", logger="cadence.supervise"):
+            code = Supervisor([], [], {}, ready_timeout_s=30).run()
+    finally:
+        signal.signal(signal.SIGINT, handlers[0])
+        signal.signal(signal.SIGTERM, handlers[1])
+    assert code == 0
+    assert spawned == (["engine", "gateway"] if ready else ["engine"])
+    lines = [r.getMessage() for r in caplog.records if r.levelno >= logging.INFO]
+    if ready:
+        assert lines == ["stopping"]
+    else:
+        assert lines == ["stopped during the engine's warm-up, before it was ready"]

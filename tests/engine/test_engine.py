@@ -14,12 +14,13 @@ from engine.clock import TickClock
 from engine.config import EngineConfig
 from engine.control import ControlServer, ask
 from engine.engine import Engine
-from engine.executors import build_executor
+from engine.executors import Executor, build_executor
 from engine.main import run_engine
 from engine.metrics import EngineMetrics
 from engine.models import ModelOptions
+from engine.models.base import Mask, Model, PcmBatch, StepOutput
 from engine.models.echo import EchoModel
-from engine.ring import DownlinkReader, RingSpec, SharedRing, UplinkWriter
+from engine.ring import DownlinkReader, EngineState, RingSpec, SharedRing, UplinkWriter
 from engine.slots import AdmissionRefused, SlotTable
 from gateway.deadline import ENGINE_COUNTERS, PathTiming, deadline_record
 
@@ -177,6 +178,68 @@ def test_ticks_skipped_while_a_call_is_live_are_in_its_miss_ratio_denominator(
     missed = sample("cadence_engine_call_deadline_misses_total") or 0.0
     assert skipped == counters["skipped"]
     assert 0 < missed <= served + skipped
+
+
+class StopsDuringWarmUp:
+    """An executor whose `at`-th step is when SIGTERM arrives (engine/main.py sets the event)."""
+
+    def __init__(self, inner: Executor, stop: threading.Event, at: int) -> None:
+        self.inner, self.stop, self.at, self.steps = inner, stop, at, 0
+
+    @property
+    def name(self) -> str:
+        return self.inner.name
+
+    @property
+    def model(self) -> Model:
+        return self.inner.model
+
+    @property
+    def kernels_per_tick(self) -> int | None:
+        return self.inner.kernels_per_tick
+
+    def run(self, pcm_in: PcmBatch, reset: Mask, active: Mask) -> StepOutput:
+        self.steps += 1
+        if self.steps == self.at:
+            self.stop.set()
+        return self.inner.run(pcm_in, reset, active)
+
+
+@pytest.mark.parametrize("at", [1, 3])
+def test_a_stop_during_warm_up_ends_the_engine_without_it_ever_being_ready(
+    rig: tuple[Engine, ControlServer, Path],
+    at: int,
+    caplog: pytest.LogCaptureFixture,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """SIGTERM while the model warms up (its first or its last warm-up step): the engine
+    stops there, never marks its ring READY nor admits a call (it used to announce ready, and
+    only then stop), and says so in one line."""
+    ring = rig[0].ring
+    stop = threading.Event()
+    executor = StopsDuringWarmUp(build_executor("eager", EchoModel(4)), stop, at)
+    table = SlotTable(4, accepting=False)  # as engine/main.py builds it
+    engine = Engine(executor, ring, table, EngineMetrics(), PERIOD_NS)
+    states = []
+    set_state = ring.set_engine_state
+
+    def record_state(state: EngineState) -> None:
+        states.append(state)
+        set_state(state)
+
+    monkeypatch.setattr(ring, "set_engine_state", record_state)
+    with caplog.at_level("INFO", logger="engine.engine"):
+        engine.run(stop)  # returns: a stop that the tick loop missed would tick forever
+    assert executor.steps == at, "no warm-up step after the stop"
+    assert EngineState.READY not in states
+    assert ring.engine_state() is EngineState.STARTING
+    assert not table.accepting
+    assert engine.ticks_run == 0
+    lines = [r.getMessage() for r in caplog.records]
+    assert [line for line in lines if "warm-up" in line] == [
+        "engine stopped during warm-up, before it was ready"
+    ]
+    assert not any("ready:" in line for line in lines), lines
 
 
 def test_a_reused_slot_starts_its_counters_from_zero(
