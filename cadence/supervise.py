@@ -2,12 +2,13 @@
 
 The engine starts first and must answer `status` as ready before the gateway starts. On
 Ctrl-C or SIGTERM the gateway stops first (it ends its calls and releases their slots), then
-the engine (it unlinks its shared memory); a stop before the engine is ready ends serve there,
-with the same status 0. A child that dies is restarted: meanwhile the
-gateway keeps serving, reports the engine down (/healthz 503, new calls 503
-engine_unavailable) and re-attaches to the new engine by itself. A child that dies more than
-MAX_RESTARTS times within RESTART_WINDOW_S stops serve with a non-zero status. Children are
-told by the kernel to stop if serve itself is killed, so no process is left behind.
+the engine (it unlinks its shared memory); a stop before the engine is ready ends serve
+there, with the same status 0. A child that dies is restarted: meanwhile the gateway keeps
+serving, reports the engine down (/healthz 503, new calls 503 engine_unavailable) and
+re-attaches to the new engine by itself; a restarted engine that is not ready within the
+ready timeout is killed and restarted. A child that dies more than MAX_RESTARTS times within
+RESTART_WINDOW_S stops serve with a non-zero status. Children are told by the kernel to stop
+if serve itself is killed, so no process is left behind.
 """
 
 import ctypes
@@ -146,6 +147,7 @@ class Supervisor:
                 return 0
             return 1
         self.gateway = self._start_gateway()
+        ready_by: float | None = None  # a restarted engine's deadline to be ready, until it is
         while not self._stop:
             if self.engine.poll() is not None:
                 log.error("engine exited with status %d", self.engine.returncode)
@@ -153,6 +155,9 @@ class Supervisor:
                 if not self._may_restart():
                     return 1
                 self.engine = self._start_engine()
+                ready_by = time.monotonic() + self._ready_timeout_s
+            elif ready_by is not None:
+                ready_by = self._check_restarted_engine(self.engine, ready_by)
             if self.gateway.poll() is not None:
                 log.error("gateway exited with status %d", self.gateway.returncode)
                 if not self._may_restart():
@@ -161,6 +166,23 @@ class Supervisor:
             time.sleep(0.1)
         log.info("stopping")
         return 0
+
+    def _check_restarted_engine(
+        self, engine: "subprocess.Popen[bytes]", ready_by: float
+    ) -> float | None:
+        """None once the restarted engine is ready; past `ready_by` it is killed (the next
+        poll restarts it, counted like any other death), as the first start would give up."""
+        status = engine_status(self.control, timeout_s=0.2)
+        if status is not None and status.get("state") == "ready":
+            log.info("engine ready again")
+            return None
+        if time.monotonic() > ready_by:
+            log.error(
+                "restarted engine was not ready within %g s: killing it", self._ready_timeout_s
+            )
+            engine.kill()
+            engine.wait()
+        return ready_by
 
     def _may_restart(self) -> bool:
         now = time.monotonic()

@@ -75,3 +75,45 @@ def test_ctrl_c_stops_serve_with_one_status_before_and_after_the_engine_is_ready
         assert lines == ["stopping"]
     else:
         assert lines == ["stopped during the engine's warm-up, before it was ready"]
+
+
+def test_a_restarted_engine_that_never_gets_ready_is_killed_and_restarted(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The first engine must be ready within --ready-timeout or serve gives up; a restarted
+    one had no deadline at all: one stuck in its warm-up left serve up with no engine."""
+    engines: list[subprocess.Popen[bytes]] = []
+
+    def spawn(
+        supervisor: Supervisor, role: str, args: list[str], secrets: dict[str, str] | None = None
+    ) -> "subprocess.Popen[bytes]":
+        child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+        if role == "gateway":  # the first engine is up: now it dies
+            threading.Timer(0.2, engines[0].kill).start()
+        elif len(engines) == 2:  # a third engine: the second was given up on
+            threading.Timer(0.2, os.kill, (os.getpid(), signal.SIGINT)).start()
+        if role == "engine":
+            engines.append(child)
+        return child
+
+    monkeypatch.setattr(Supervisor, "_spawn", spawn)
+    # only the first engine ever answers ready
+    monkeypatch.setattr(
+        supervise,
+        "engine_status",
+        lambda control, **_: {"state": "ready"} if len(engines) == 1 else None,
+    )
+    handlers = signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)
+    backstop = threading.Timer(10, os.kill, (os.getpid(), signal.SIGINT))  # serve never gives up
+    backstop.start()
+    try:
+        with caplog.at_level("INFO", logger="cadence.supervise"):
+            code = Supervisor([], [], {}, ready_timeout_s=0.5).run()
+    finally:
+        backstop.cancel()
+        signal.signal(signal.SIGINT, handlers[0])
+        signal.signal(signal.SIGTERM, handlers[1])
+    assert code == 0
+    assert len(engines) == 3, "the stuck second engine was replaced"
+    assert engines[1].returncode == -signal.SIGKILL
+    assert "restarted engine was not ready within 0.5 s: killing it" in caplog.messages
