@@ -15,7 +15,9 @@ greedy) and captures each stage of `MoshiModel.device_step` as its own CUDA grap
 - `mimi_decode`: codes [slots, 8] -> pcm [slots, 1920], fp32, young rings likewise.
 
 `--per-op` also times the depformer with its per-op kernels (`few_rows` 0: no few-rows
-linear, kernels/fused_linear.py) as `depformer_per_op`, the before of that kernel.
+linear, kernels/fused_linear.py) as `depformer_per_op`, the before of that kernel; and the
+temporal stage with its per-op kernels (`temporal_per_op`) and, up to the kernel's MAX_ROWS
+slots, on the few-rows path whatever the default threshold (`temporal_few_rows`).
 `--pdl both` times every stage also with programmatic dependent launch off (`<stage>_no_pdl`,
 kernels/dependent_launch.py). `--tiles` times the depformer's few-rows path with each given
 fused_linear tile (`block_n:block_k:warps[:programs_per_sm]`, CUDA cores) as
@@ -50,8 +52,9 @@ from engine.models.moshi.lm import MoshiLm
 from engine.models.moshi.mimi.codec import MimiCodec
 from engine.models.moshi.model import randomize
 from engine.models.moshi.sampling import Sampling, sample
+from engine.models.moshi.transformer import FEW_ROWS as TEMPORAL_FEW_ROWS
 from kernels import dependent_launch
-from kernels.fused_linear import Tiles
+from kernels.fused_linear import MAX_ROWS, Tiles
 
 log = logging.getLogger("engine_stages")
 
@@ -115,6 +118,13 @@ def stages(
                 lm.depformer.few_rows = 0
                 row["depformer_per_op" + suffix] = timed(plan["depformer"])
                 lm.depformer.few_rows = FEW_ROWS
+            if per_op and "temporal" in plan:
+                for name, few_rows in (("temporal_per_op", 0), ("temporal_few_rows", MAX_ROWS)):
+                    if few_rows == 0 or slots <= few_rows:
+                        lm.transformer.few_rows = few_rows
+                        row[name + suffix] = timed(plan["temporal"])
+                        log.info("%d slots %s %s", slots, name + suffix, row[name + suffix])
+                lm.transformer.few_rows = TEMPORAL_FEW_ROWS
         dependent_launch.ENABLED = True
         if tiles_swept and "depformer" in plan and slots <= lm.depformer.few_rows:
             default = fused_linear_module.default_tiles

@@ -33,13 +33,27 @@ before), each later one an iteration ahead. Products run on the tensor cores (`t
 padded to 16) or on the CUDA cores (a broadcast product summed over k); `Tiles` picks which.
 `Tiles.swap` runs _swapped_linear_kernel instead: out^T = weight @ x^T on the tensor cores
 with the weight tile as the left operand and its loads left to Triton's software pipeliner,
-`stages` tiles deep through shared memory. Built here for sm_90 with Triton 3.6 and 3.9
-(`bench/kernels_fused_linear_sass.py`): wgmma and asynchronous copies, no spills, 80-216 KB of
-shared memory for the swept tiles; tested in the interpreter. Not timed on a GPU yet: no
-default tile takes it (`bench/h200.sh OUT linear` sweeps it against cuBLAS).
-Predicted, for that run: at one row on the temporal shapes ~4 TB/s, as cuBLAS's few-row
-kernels (deep stages of 256 weight rows); if so the temporal layer's seven-launch path (git
-039a8d2's TemporalLayer._few_rows) would take ~0.5 ms off the 1-call tick.
+`stages` tiles deep through shared memory (fitted to SHARED_BYTES by the launcher), and with
+`Tiles.splits` each column block's k cut in parts that run as units of their own, added in
+order by the last to finish (so a narrow output still streams on every multiprocessor).
+Built for sm_90 with Triton 3.6 (`bench/kernels_fused_linear_sass.py`: wgmma and
+asynchronous copies, no spills but the 128 x 128 gated tile's).
+
+The temporal layer takes it for its two residual GEMMs at up to transformer.FEW_ROWS slots
+(default_tiles from k = SWAP_K: 64 x 128, 6 stages, 2 splits), measured on one H200 (torch
+2.11, Triton 3.6, bf16; `python3 bench/kernels_fused_linear.py --rows 1 --temporal`,
+bench/results/kernels_fused_linear_split.json, us per call at one row, cuBLAS in brackets):
+out + residual 11.5 (16.3), down + residual 26.1 (32.0), 74% of HBM; the splits gained
+1-4% over none. With the norm as their prologue it lost: qkv 36.7 at best (31.7 for the norm
+kernel + cuBLAS), gate/up 61.7 (51.3); those stay on cuBLAS. In the temporal stage
+(`python3 bench/engine_stages.py --slots 1,4,16 --stages temporal --per-op`,
+bench/results/engine_stages_residual_swap.json): 1 slot 4.53 -> 4.25 ms, 4 slots 5.10 ->
+4.93, 16 slots 7.37 -> 7.33 (hence FEW_ROWS 4), in one run; the whole 1-call step 7.19 ms
+back to back (bench/results/engine_gpu_few_rows.json; 7.36 in an earlier run,
+engine_gpu.json) and 8.67 on the 80 ms clock (bench_engine_bf16_1_few_rows.json; 8.78
+earlier, bench_engine_bf16_1.json), 64 kernels fewer a tick (1,119). All four temporal
+GEMMs on the swapped tiles, with the first default (64 x 128 everywhere), ran the stage in
+7.26 ms, with each GEMM's best tile in 5.50 (kernels_fused_linear_split.json's `temporal`).
 
 Predicted before measuring (H200, bf16, CUDA graph): per layer step of the depformer at one
 slot ~25 MB of weights are read by 5 launches of ~2-5 us instead of 8, so the stage goes from
@@ -112,7 +126,8 @@ FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 MAX_ROWS = 16  # rows of one program; more rows would re-read the weight per row block
 STREAM = tl.constexpr("evict_first")  # the weights' cache policy (read once)
 CUDA_CORE_ROWS = 4  # default_tiles: rows up to this many on the CUDA cores
-SWAP_K = 4096  # default_tiles: from this k (the temporal layer's) the swapped, split tiles
+# default_tiles: from this k (the temporal layer's residual GEMMs) the swapped, split tiles
+SWAP_K = 4096
 NORM_K = 512  # the swapped kernel's norm statistics: this much of k per iteration
 SHARED_BYTES = 200 << 10  # the swapped kernel's pipeline stages: at most this much (228 KB/SM)
 # per device: the split units' sums and arrival counts, the last the largest (_split_workspace)

@@ -41,7 +41,7 @@ from engine.models.moshi.attention import (
 RMS_EPS = 1e-8
 # the largest batch whose decode steps run on the few-rows linears of kernels/fused_linear.py
 # (TemporalLayer._few_rows; measured: see that module's docstring); at most its MAX_ROWS
-FEW_ROWS = 1
+FEW_ROWS = 4
 
 
 class GatedFfn(nn.Module):
@@ -115,7 +115,8 @@ class TemporalLayer(nn.Module):
         few_rows: bool = False,
     ) -> Tensor:
         """`few_rows` (one frame per slot through the ring kernels, at most
-        TemporalTransformer.few_rows slots): seven launches, see _few_rows."""
+        TemporalTransformer.few_rows slots): the residual GEMMs on the swapped tiles, see
+        _few_rows."""
         if few_rows and isinstance(mask, RingRead) and mask.mask is None:
             return self._few_rows(x, start, keys, values, mask)
         fused = fused_on(x, self.fused)
@@ -128,25 +129,29 @@ class TemporalLayer(nn.Module):
     def _few_rows(
         self, x: Tensor, start: Tensor, keys: Tensor, values: Tensor, ring: RingRead
     ) -> Tensor:
-        """The layer for a few slots in seven launches: [norm + qkv], [RoPE + KV append], the
-        ring attention's two passes, [out + residual], [norm + gate/up + SiLU], [down +
-        residual]; the norms are the GEMMs' prologues, the residual adds their epilogues
-        (the per-op path: twelve, with cuBLAS's split-K reductions). Rounded where the
-        per-op path rounds (kernels/fused_linear.py)."""
+        """The layer for a few slots: the two GEMMs that end in the residual add (out_proj,
+        linear_out) on kernels/fused_linear.py's swapped tiles, the add their epilogue; the
+        others as the per-op path (cuBLAS behind the norm kernel). Measured on one H200 at
+        one row (bench/results/kernels_fused_linear_split.json, us a call): out + residual
+        11.5 against cuBLAS's 16.3, down + residual 26.1 against 32.0; with the norm as their
+        prologue the swapped tiles lost on qkv (36.7 at best against 31.7) and gate/up (61.7
+        against 51.3), so those stay on cuBLAS. Rounded where the per-op path rounds, but the
+        down projection's sum, rounded before the residual is added (the per-op path's
+        addmm rounds once)."""
         # imported here: triton is absent from CPU-only installs, which never take this path
         from kernels.fused_linear import fused_linear
+        from kernels.gated_silu import gated_silu
 
         attention, gating = self.self_attn, self.gating
         batch, _, dim = x.shape
         heads = attention.num_heads
-        qkv = fused_linear(x, attention.in_proj.weight, alpha=self.norm1.alpha, eps=self.norm1.eps)
-        qkv = qkv.view(batch, 1, 3, heads, dim // heads)
+        normed = rms_norm(x, self.norm1.alpha, self.norm1.eps, True)
+        qkv = attention.in_proj(normed).view(batch, 1, 3, heads, dim // heads)
         attended = attention.decode(qkv, start, keys, values, ring)  # [B, H, 1, D]
         attended = attended.transpose(1, 2).reshape(batch, 1, dim)  # the heads side by side
         x = fused_linear(attended, attention.out_proj.weight, residual=x)
-        gated = fused_linear(
-            x, gating.linear_in.weight, alpha=self.norm2.alpha, eps=self.norm2.eps, gated=True
-        )
+        normed = rms_norm(x, self.norm2.alpha, self.norm2.eps, True)
+        gated = gated_silu(gating.linear_in(normed))
         return fused_linear(gated, gating.linear_out.weight, residual=x)
 
 
