@@ -27,7 +27,7 @@ import statistics
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 os.environ.setdefault("NO_TORCH_COMPILE", "1")
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -180,6 +180,36 @@ def shape_row(name: str, mode: str, n: int, k: int, rows: int) -> tuple[dict[str
     return row, best
 
 
+class FewRows(Protocol):
+    few_rows: int
+
+
+def few_rows_variants(
+    name: str, module: FewRows, stage: Callable[[], object], best: dict[tuple[int, int], Tiles]
+) -> dict[str, Any]:
+    """The stage with `module`'s per-op kernels (`few_rows` 0), on the few-rows path with the
+    launcher's default tiles, and with each GEMM's fastest tile of the sweep."""
+    default = fused_linear_module.default_tiles
+
+    def swept_tiles(count: int, n: int, k: int) -> Tiles:
+        return best.get((n, k), default(count, n, k))
+
+    found: dict[str, Any] = {}
+    variants: list[tuple[str, int, Callable[[int, int, int], Tiles]]] = [
+        ("per_op", 0, default),
+        ("few_rows", MAX_ROWS, default),
+        ("few_rows_best", MAX_ROWS, swept_tiles),
+    ]
+    for variant, few_rows, tiles in variants:
+        module.few_rows = few_rows
+        # swaps the launcher's choice for this bench only (an experiment's knob)
+        fused_linear_module.default_tiles = tiles  # type: ignore[assignment]
+        found[variant] = summary(replay_ms(stage)) | {"kernels": count_kernels(stage)}
+        log.info("%s %s %s", name, variant, found[variant])
+    fused_linear_module.default_tiles = default
+    return found
+
+
 def depformer_rows(rows: int, best: dict[tuple[int, int], Tiles]) -> dict[str, Any]:
     config = moshiko().lm
     cuda = torch.device("cuda")
@@ -194,43 +224,14 @@ def depformer_rows(rows: int, best: dict[tuple[int, int], Tiles]) -> dict[str, A
         tokens: Tensor = depformer(hidden, text, GREEDY, generator)
         return tokens
 
-    def swept_tiles(count: int, n: int, k: int) -> Tiles:
-        return best.get((n, k), default_tiles(count, n, k))
-
-    found: dict[str, Any] = {"rows": rows}
-    default = fused_linear_module.default_tiles
-    variants: list[tuple[str, int, Callable[[int, int, int], Tiles]]] = [
-        ("per_op", 0, default),
-        ("few_rows", MAX_ROWS, default),
-        ("few_rows_best", MAX_ROWS, swept_tiles),
-    ]
-    for name, few_rows, tiles in variants:
-        depformer.few_rows = few_rows
-        # swaps the launcher's choice for this bench only (an experiment's knob)
-        fused_linear_module.default_tiles = tiles  # type: ignore[assignment]
-        found[name] = summary(replay_ms(stage)) | {"kernels": count_kernels(stage)}
-        log.info("depformer %d rows %s %s", rows, name, found[name])
-    fused_linear_module.default_tiles = default
-    return found
+    return {"rows": rows} | few_rows_variants(f"depformer {rows} rows", depformer, stage, best)
 
 
 def temporal_rows(rows: int, best: dict[tuple[int, int], Tiles]) -> dict[str, Any]:
-    """The temporal transformer's step (32 layers, every ring full) at `rows` slots: the
-    per-op kernels (`few_rows` 0), the few-rows path with the launcher's default tiles, and
-    with each GEMM's fastest tile of the sweep."""
+    """The temporal transformer's step (32 layers, every ring full) at `rows` slots."""
     config = moshiko().lm
     cuda = torch.device("cuda")
-    transformer = TemporalTransformer(
-        dim=config.dim,
-        num_heads=config.num_heads,
-        num_layers=config.num_layers,
-        ffn_hidden=config.ffn_hidden,
-        max_period=config.max_period,
-        context=config.context,
-        slots=rows,
-        device=cuda,
-        dtype=torch.bfloat16,
-    )
+    transformer = TemporalTransformer.for_lm(config, rows, cuda, torch.bfloat16)
     randomize(transformer, 2)
     transformer.eval()
     transformer.positions.fill_(2 * config.context)  # every ring full
@@ -241,20 +242,7 @@ def temporal_rows(rows: int, best: dict[tuple[int, int], Tiles]) -> dict[str, An
         transformer.positions.sub_(1)  # the same position at every replay
         return out
 
-    found: dict[str, Any] = {"rows": rows}
-    default = fused_linear_module.default_tiles
-    variants: list[tuple[str, int, Callable[[int, int, int], Tiles]]] = [
-        ("per_op", 0, default),
-        ("few_rows", MAX_ROWS, default),
-        ("few_rows_best", MAX_ROWS, lambda c, n, k: best.get((n, k), default(c, n, k))),
-    ]
-    for name, few_rows, tiles in variants:
-        transformer.few_rows = few_rows
-        fused_linear_module.default_tiles = tiles  # type: ignore[assignment]
-        found[name] = summary(replay_ms(stage)) | {"kernels": count_kernels(stage)}
-        log.info("temporal %d rows %s %s", rows, name, found[name])
-    fused_linear_module.default_tiles = default
-    return found
+    return {"rows": rows} | few_rows_variants(f"temporal {rows} rows", transformer, stage, best)
 
 
 def main() -> int:

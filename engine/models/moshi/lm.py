@@ -56,18 +56,7 @@ class MoshiLm(nn.Module):
         self.text_emb = nn.Parameter(
             torch.zeros(config.text_card + 1, config.dim, device=device, dtype=dtype)
         )
-        self.transformer = TemporalTransformer(
-            dim=config.dim,
-            num_heads=config.num_heads,
-            num_layers=config.num_layers,
-            ffn_hidden=config.ffn_hidden,
-            max_period=config.max_period,
-            context=config.context,
-            slots=slots,
-            device=device,
-            dtype=dtype,
-            kv_dtype=kv_dtype,
-        )
+        self.transformer = TemporalTransformer.for_lm(config, slots, device, dtype, kv_dtype)
         self.out_norm = RmsNorm(config.dim, RMS_EPS, device, dtype)
         self.text_linear = nn.Linear(
             config.dim, config.text_card, bias=False, device=device, dtype=dtype

@@ -37,6 +37,7 @@ from engine.models.moshi.attention import (
     ring_mask,
     rms_norm,
 )
+from engine.models.moshi.config import LmConfig
 
 RMS_EPS = 1e-8
 # the largest batch whose decode steps run on the few-rows linears of kernels/fused_linear.py
@@ -202,6 +203,29 @@ class TemporalTransformer(nn.Module):
             self.register_buffer(name, scale, False)
         self.register_buffer(
             "positions", torch.zeros(slots, device=device, dtype=torch.long), False
+        )
+
+    @classmethod
+    def for_lm(
+        cls,
+        config: LmConfig,
+        slots: int,
+        device: torch.device,
+        dtype: torch.dtype,
+        kv_dtype: torch.dtype | None = None,
+    ) -> "TemporalTransformer":
+        """The temporal transformer of an LM of `config`."""
+        return cls(
+            dim=config.dim,
+            num_heads=config.num_heads,
+            num_layers=config.num_layers,
+            ffn_hidden=config.ffn_hidden,
+            max_period=config.max_period,
+            context=config.context,
+            slots=slots,
+            device=device,
+            dtype=dtype,
+            kv_dtype=kv_dtype,
         )
 
     def reset(self, mask: Tensor) -> None:
