@@ -79,9 +79,10 @@ class Registration:
         else:
             self.state = "failed"
             log.error(
-                "SIP registration of %s failed: %s; retrying in %.0f s",
+                "SIP registration of %s failed: %s%s; retrying in %.0f s",
                 self.aor,
                 event.status or "timeout",
+                f" ({event.reason})" if event.reason else "",
                 self._retry_in_s,
             )
             if not self._stopping:

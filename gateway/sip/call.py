@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from gateway.sip.dialog import Dialog
-from gateway.sip.digest import Credentials
+from gateway.sip.digest import Answers, Credentials
 from gateway.sip.message import Request
 from gateway.sip.sdp import AudioStream, SessionDescription
 from gateway.sip.session_timer import SessionTimer
@@ -53,7 +53,7 @@ class Call:
     ring_deadline: float | None = None
     credentials: Credentials | None = None
     outbound_proxy: bool = False  # every request of the call goes to `peer`, whatever Contact says
-    auth_nonces: set[str] = field(default_factory=set)
+    auth: Answers = field(default_factory=Answers)  # the challenges our INVITE drew
     reinvite: ClientInvite | None = None
     reinvite_direction: str | None = None
     reinvite_ack: bytes | None = None

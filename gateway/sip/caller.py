@@ -1,9 +1,10 @@
 """The UAC half of the agent: outbound calls, registrations, and the plumbing both halves use.
 
 `Caller` holds the agent's state (transactions, calls, registrations, config, seeded RNG) and
-everything that starts from our side: dial (INVITE, retried once per nonce on 401/407 and once
-on 422), CANCEL, the ACK for a 2xx, REGISTER with refresh before expiry. `Agent` (agent.py)
-adds the UAS half and the entry points a driver calls.
+everything that starts from our side: dial (INVITE, retried on 401/407 answering every challenge
+the call drew, see digest.Answers, and once on 422), CANCEL, the ACK for a 2xx, REGISTER (answered
+the same way) with refresh before expiry. `Agent` (agent.py) adds the UAS half and the entry
+points a driver calls.
 """
 
 from __future__ import annotations
@@ -31,13 +32,13 @@ from gateway.sip.stack import TransactionLayer
 from gateway.sip.transaction import (
     Address,
     ClientInvite,
-    ClientNonInvite,
     Outgoing,
     State,
     Transaction,
 )
 
 ALLOW = "INVITE, ACK, CANCEL, BYE, OPTIONS, UPDATE, INFO"
+AUTH_HEADERS = ("authorization", "proxy-authorization")
 
 
 @dataclass
@@ -53,8 +54,7 @@ class Registration:
     cseq: int = 0
     refresh_at: float | None = None
     transaction: Transaction | None = None
-    nonces: set[str] = field(default_factory=set)
-    authorization: tuple[str, str] | None = None
+    auth: digest.Answers = field(default_factory=digest.Answers)
 
 
 class Caller:
@@ -180,14 +180,20 @@ class Caller:
         call.client_invite = transaction
         return list(sends)
 
-    def _retry_invite(self, call: Call, extra: tuple[str, str], now: float) -> list[Output]:
-        """Re-send our INVITE with a new branch, the next CSeq and one replaced header."""
+    def _retry_invite(
+        self, call: Call, now: float, extra: tuple[tuple[str, str], ...] = ()
+    ) -> list[Output]:
+        """Re-send our INVITE with a new branch, the next CSeq, `extra` replacing headers of
+        its names, and an answer to every challenge the call has drawn."""
         old = call.invite
         seq = old.cseq.seq + 1
-        name = extra[0].lower()
-        headers = [(n, v) for n, v in old.headers if n.lower() not in ("via", "cseq", name)]
+        auth: tuple[tuple[str, str], ...] = ()
+        if call.credentials is not None:
+            auth = call.auth.headers(call.credentials, "INVITE", str(old.uri))
+        replaced = {"via", "cseq", *AUTH_HEADERS, *(n.lower() for n, _ in extra)}
+        headers = [(n, v) for n, v in old.headers if n.lower() not in replaced]
         headers[:0] = [("Via", str(self._via(call.transport))), ("CSeq", f"{seq} INVITE")]
-        invite = replace(old, headers=(*headers, extra))
+        invite = replace(old, headers=(*headers, *extra, *auth))
         call.dialog.local_seq = seq
         return self._start_invite(call, invite, now)
 
@@ -217,14 +223,13 @@ class Caller:
         call.ring_deadline = None
         if status < 300:
             return self._on_invite_success(call, response, now)
-        if status in (401, 407) and call.credentials is not None:
-            retry = self._authorize(call.invite, response, call.credentials, call.auth_nonces)
-            if retry is not None:
-                return self._retry_invite(call, retry, now)
+        challenged = status in (401, 407) and call.credentials is not None
+        if challenged and self._challenged(call.auth, response) is None:
+            return self._retry_invite(call, now)
         if status == 422:
             interval = session_timer.retry_interval(response)
             if interval > int(call.invite.header("Session-Expires") or "0"):
-                return self._retry_invite(call, ("Session-Expires", str(interval)), now)
+                return self._retry_invite(call, now, (("Session-Expires", str(interval)),))
         after = decimal((response.header("Retry-After") or "").split(";")[0].strip(), 8)
         reason = "cancelled" if status == 487 else "rejected"
         return self._end(call, now, reason, status, after)
@@ -238,7 +243,10 @@ class Caller:
             # Without an outbound proxy, in-dialog requests follow the route set or Contact.
             with contextlib.suppress(SipParseError):
                 call.peer = self._resolve(call.dialog.next_hop())
-        ack = call.dialog.request("ACK", self._via(call.transport), cseq=call.invite.cseq.seq)
+        # the ACK carries the INVITE's credentials (RFC 3261 13.2.2.4)
+        auth = tuple((n, v) for n, v in call.invite.headers if n.lower() in AUTH_HEADERS)
+        via = self._via(call.transport)
+        ack = call.dialog.request("ACK", via, headers=auth, cseq=call.invite.cseq.seq)
         call.ack = ack.encode()
         call.confirmed = call.answered = True
         call.last_refresh = now
@@ -253,30 +261,10 @@ class Caller:
             return [*out, *self._bye(call, now), *self._end(call, now, "local_hangup")]
         return [*out, CallAnswered(call.call_id, call.remote_sdp)]
 
-    def _authorize(
-        self,
-        request: Request,
-        response: Response,
-        credentials: digest.Credentials,
-        nonces: set[str],
-    ) -> tuple[str, str] | None:
-        """The Authorization header answering a 401/407, unless this nonce already failed."""
+    def _challenged(self, auth: digest.Answers, response: Response) -> str | None:
+        """Take a 401's or 407's challenges into `auth`: None to resend, else why not."""
         header = "WWW-Authenticate" if response.status == 401 else "Proxy-Authenticate"
-        value = response.header(header)
-        if value is None:
-            return None
-        try:
-            challenge = digest.parse_challenge(value)
-        except SipParseError:
-            return None
-        if challenge.nonce in nonces and not challenge.stale:
-            return None
-        nonces.add(challenge.nonce)
-        answer = digest.authorization(
-            challenge, credentials, request.method, str(request.uri), self._token()
-        )
-        name = "Authorization" if response.status == 401 else "Proxy-Authorization"
-        return name, answer
+        return auth.take(response.status, response.header_values(header), self._token)
 
     # -- registration --------------------------------------------------------------------
 
@@ -322,8 +310,9 @@ class Caller:
             ("Expires", str(registration.expires)),
             ("User-Agent", self.config.user_agent),
         ]
-        if registration.authorization is not None:
-            headers.append(registration.authorization)
+        if registration.credentials is not None:
+            uri = str(registration.registrar)
+            headers += registration.auth.headers(registration.credentials, "REGISTER", uri)
         request = Request(tuple(headers), b"", "REGISTER", registration.registrar)
         transaction, sends = self.stack.start_client(
             request, registration.peer, registration.transport, now
@@ -360,22 +349,17 @@ class Caller:
         if status < 200:
             return []
         if status < 300:
-            registration.authorization = None
-            registration.nonces.clear()  # only nonces that failed are remembered
+            registration.auth = digest.Answers()  # a refresh starts unchallenged
             expires = self._granted_expiry(registration, response)
             if expires == 0:
                 del self.registrations[registration.aor]
             else:
                 registration.refresh_at = now + max(1.0, expires - min(60.0, expires / 2))
             return [Registered(registration.aor, expires)]
+        reason = None
         if status in (401, 407) and registration.credentials is not None:
-            transaction = registration.transaction
-            assert isinstance(transaction, ClientNonInvite)
-            answer = self._authorize(
-                transaction.request, response, registration.credentials, registration.nonces
-            )
-            if answer is not None:
-                registration.authorization = answer
+            reason = self._challenged(registration.auth, response)
+            if reason is None:
                 return self._send_register(registration, now)
         del self.registrations[registration.aor]
-        return [RegistrationFailed(registration.aor, status)]
+        return [RegistrationFailed(registration.aor, status, reason)]

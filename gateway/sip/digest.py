@@ -4,17 +4,20 @@ A trunk or registrar answers 401 (WWW-Authenticate) or 407 (Proxy-Authenticate);
 retries with Authorization or Proxy-Authorization computed here. MD5 and SHA-256 (and their
 -sess variants) with qop=auth, or the RFC 2069 form when the server offers no qop. auth-int is
 not offered by the trunks Cadence targets and is refused. The client nonce and count are passed
-in, so the computation stays deterministic and testable.
+in, so the computation stays deterministic and testable. `Answers` keeps every challenge one
+request has drawn (a proxy's 407 and the registrar's 401), so each resend answers them all.
 """
 
 from __future__ import annotations
 
 import hashlib
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 
 from gateway.sip.headers import SipParseError, split_outside_quotes
 
 _HASHES = {"MD5": "md5", "SHA-256": "sha256"}
+MAX_CHALLENGES = 4  # 401/407s one request may draw: a proxy's, a registrar's, 2 stale nonces
 
 
 @dataclass(frozen=True)
@@ -139,3 +142,62 @@ def verify(value: str, method: str, challenge: Challenge, password: str) -> bool
         int(nc_text, 16),
     )
     return params.get("response") == expected
+
+
+@dataclass
+class _Answer:
+    header: str  # Authorization (a 401's challenge) or Proxy-Authorization (a 407's)
+    challenge: Challenge
+    cnonce: str
+    count: int = 0  # the last nonce count sent with this nonce
+
+
+@dataclass
+class Answers:
+    """The challenges one request has drawn, each answered again on every resend.
+
+    RFC 3261 22.2-22.3: through a challenging proxy to a challenging registrar the request ends
+    up carrying a Proxy-Authorization and an Authorization, one per realm, and the nonce count
+    of each rises with every request that reuses its nonce (RFC 7616 3.4). A realm challenging
+    again with the nonce it was answered with (not stale) refused the credentials; a server
+    that keeps handing out new nonces is given up on after MAX_CHALLENGES.
+    """
+
+    answers: dict[tuple[str, str], _Answer] = field(default_factory=dict)
+    challenges: int = 0
+
+    def take(self, status: int, values: list[str], cnonce: Callable[[], str]) -> str | None:
+        """Take a 401's or 407's challenges: None to resend, else why the request failed."""
+        header = "Authorization" if status == 401 else "Proxy-Authorization"
+        self.challenges += 1
+        if self.challenges > MAX_CHALLENGES:
+            return f"still challenged after {MAX_CHALLENGES} answers"
+        fresh: dict[str, Challenge] = {}
+        for value in values:
+            try:
+                challenge = parse_challenge(value)
+            except SipParseError:
+                continue
+            fresh.setdefault(challenge.realm, challenge)
+        if not fresh:
+            return "no digest challenge it could answer"
+        for realm, challenge in fresh.items():
+            old = self.answers.get((header, realm))
+            if old is None or old.challenge.nonce != challenge.nonce:
+                self.answers[header, realm] = _Answer(header, challenge, cnonce())
+            elif not challenge.stale:
+                return f'realm "{realm}" refused the credentials'
+        return None
+
+    def headers(
+        self, credentials: Credentials, method: str, uri: str
+    ) -> tuple[tuple[str, str], ...]:
+        """The authorization headers of the next request, each with its nonce count + 1."""
+        found: list[tuple[str, str]] = []
+        for answer in self.answers.values():
+            answer.count += 1
+            value = authorization(
+                answer.challenge, credentials, method, uri, answer.cnonce, answer.count
+            )
+            found.append((answer.header, value))
+        return tuple(found)

@@ -84,7 +84,8 @@ class Registered:
 @dataclass(frozen=True)
 class RegistrationFailed:
     aor: str
-    status: int | None
+    status: int | None  # None: no answer
+    reason: str | None = None  # why a challenge went unanswered (credentials refused...)
 
 
 @dataclass(frozen=True)

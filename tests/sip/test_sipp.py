@@ -507,6 +507,37 @@ def test_registers_and_dials_through_the_trunk(tmp_path: Path) -> None:
             stop_serve(server)
 
 
+def test_registers_through_a_challenging_proxy_answering_both_challenges(
+    tmp_path: Path,
+) -> None:
+    """407 from the proxy, then 401 from the registrar: the third REGISTER carries both the
+    Proxy-Authorization (nonce count 2) and the Authorization, or SIPp fails it."""
+    registrar_port = free_port()
+    registrar = start_sipp(
+        tmp_path / "registrar", "registrar_proxy_auth.xml", None, local_port=registrar_port
+    )
+    server = start_serve(
+        tmp_path / "serve.log",
+        "--slots=1",
+        f"--sip-port={free_port()}",
+        "--rtp-ports=42300-42399",
+        f"--sip-register=sip:alice@127.0.0.1:{registrar_port}",
+        "--sip-username=alice",
+        "--sip-password=secret",
+    )
+    try:
+        deadline = time.monotonic() + 10.0
+        while server.get("/healthz")[1].get("sip_registration") != "registered":
+            assert registrar.process.poll() is None, registrar.errors()
+            assert time.monotonic() < deadline, server.get("/healthz")
+            time.sleep(0.1)
+        assert stop_serve(server) == 0
+        assert registrar.wait(30) == 0, registrar.errors()  # Expires: 0 arrived
+    finally:
+        if server.process.poll() is None:
+            stop_serve(server)
+
+
 def test_sources_outside_the_allow_list_get_403(tmp_path: Path) -> None:
     sip_port = free_port()
     server = start_serve(

@@ -71,3 +71,20 @@ def test_stopping_cancels_a_pending_retry(monkeypatch: pytest.MonkeyPatch) -> No
         assert signalling.agent.expires == [module.EXPIRES_S], "nothing sent after the stop"
 
     asyncio.run(scenario())
+
+
+def test_refused_credentials_are_one_clear_error(caplog: pytest.LogCaptureFixture) -> None:
+    async def scenario() -> None:
+        registration = Registration(Signalling(), AOR, None, None)  # type: ignore[arg-type]
+        registration.start()
+        reason = 'realm "trunk.example" refused the credentials'
+        with caplog.at_level("ERROR", logger=module.__name__):
+            registration.on_event(RegistrationFailed(AOR, 401, reason))
+        await registration.stop()
+
+    asyncio.run(scenario())
+    [record] = caplog.records
+    assert record.getMessage() == (
+        f'SIP registration of {AOR} failed: 401 (realm "trunk.example" refused the '
+        "credentials); retrying in 30 s"
+    )

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import random
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
 from gateway.sip.agent import Agent, CallStateError
-from gateway.sip.digest import Challenge, Credentials, verify
+from gateway.sip.digest import Challenge, Credentials, parse_auth_params, verify
 from gateway.sip.events import (
     AgentConfig,
     CallConfirmed,
@@ -333,6 +334,101 @@ def test_register_failure_and_timeout_are_reported() -> None:
     assert RegistrationFailed("sip:a@b", None) in agent.handle_timer(32.0)
     assert agent.registrations == {}
     assert len(out) == 1
+
+
+class ProxiedRegistrar:
+    """A proxy (407, realm proxy.test) in front of a registrar (401, realm trunk.example), both
+    with qop=auth: the proxy refuses a nonce count that does not rise (a replay); only a
+    REGISTER answering both is bound. `nonce` gives each of the registrar's challenges its
+    nonce (refusals included): it may keep one or hand out new ones."""
+
+    def __init__(self, password: str = "pw", nonce: Callable[[int], str] = lambda n: "n-1") -> None:
+        self.password, self.nonce = password, nonce
+        self.registers: list[Request] = []
+        self.proxy_nc: dict[str, int] = {}  # the proxy's nonces: the last nonce count seen
+
+    def _proxy_allows(self, request: Request) -> bool:
+        answer = request.header("Proxy-Authorization")
+        if answer is None:
+            return False
+        params = parse_auth_params(answer)[1]
+        nonce, nc = params.get("nonce", ""), int(params.get("nc", "0"), 16)
+        challenge = Challenge("proxy.test", nonce, "MD5", ("auth",))
+        if nc <= self.proxy_nc.get(nonce, nc) or not verify(answer, "REGISTER", challenge, "pw"):
+            return False
+        self.proxy_nc[nonce] = nc
+        return True
+
+    def reply(self, data: bytes) -> bytes:
+        request = parse_message(data)
+        assert isinstance(request, Request)
+        self.registers.append(request)
+        assert len(self.registers) < 20, "challenged for ever"
+        if not self._proxy_allows(request):
+            nonce = f"p-{len(self.registers)}"
+            self.proxy_nc[nonce] = 0
+            value = f'Digest realm="proxy.test", nonce="{nonce}", qop="auth"'
+            return response_to(request, 407, "r", (("Proxy-Authenticate", value),)).encode()
+        nonce = self.nonce(len(self.registers))
+        challenge = Challenge("trunk.example", nonce, "MD5", ("auth",))
+        answer = request.header("Authorization")
+        if answer is None or not verify(answer, "REGISTER", challenge, self.password):
+            value = f'Digest realm="trunk.example", nonce="{nonce}", qop="auth"'
+            return response_to(request, 401, "r", (("WWW-Authenticate", value),)).encode()
+        contact = f"{request.header('Contact')};expires=120"
+        return response_to(request, 200, "r", (("Contact", contact),)).encode()
+
+
+def register_at(agent: Agent, server: ProxiedRegistrar, now: float = 0.0) -> list[Output]:
+    """Register through `server`, delivering every REGISTER and response; the events."""
+    events: list[Output] = []
+
+    def deliver(outputs: list[Output]) -> None:
+        for item in outputs:
+            if isinstance(item, Outgoing):
+                deliver(agent.receive(server.reply(item.data), ("127.0.0.9", 5060), "udp", now))
+            else:
+                events.append(item)
+
+    credentials = Credentials("cadence", "pw")
+    deliver(
+        agent.register("sip:127.0.0.9", "sip:cadence@trunk.example", now, credentials=credentials)
+    )
+    return events
+
+
+def test_register_answers_the_proxy_and_the_registrar_together() -> None:
+    agent = make_agent(5060, 6)
+    server = ProxiedRegistrar()
+    assert register_at(agent, server) == [Registered("sip:cadence@trunk.example", 120)]
+    first, second, third = server.registers
+    assert [r.cseq.seq for r in server.registers] == [1, 2, 3]
+    assert first.header("Proxy-Authorization") is first.header("Authorization") is None
+    assert second.header("Authorization") is None
+    # the third answers both, the proxy's nonce counted on (nc=2), the registrar's new (nc=1)
+    assert parse_auth_params(third.header("Proxy-Authorization") or "")[1]["nc"] == "00000002"
+    assert parse_auth_params(third.header("Authorization") or "")[1]["nc"] == "00000001"
+    # a refresh starts afresh: challenged again by both, and bound again
+    assert register_at(agent, server, 60.0) == [Registered("sip:cadence@trunk.example", 120)]
+    assert len(server.registers) == 6
+
+
+@pytest.mark.parametrize(
+    ("nonce", "registers", "reason"),
+    [
+        (lambda n: "n-1", 3, 'realm "trunk.example" refused the credentials'),
+        (lambda n: f"n-{n}", 5, "still challenged after 4 answers"),  # a new nonce each time
+    ],
+)
+def test_wrong_credentials_end_the_registration_attempt(
+    nonce: Callable[[int], str], registers: int, reason: str
+) -> None:
+    agent = make_agent(5060, 7)
+    server = ProxiedRegistrar(password="other", nonce=nonce)
+    events = register_at(agent, server)
+    assert events == [RegistrationFailed("sip:cadence@trunk.example", 401, reason)]
+    assert len(server.registers) == registers
+    assert agent.registrations == {}  # the gateway retries later, with its backoff
 
 
 @pytest.mark.parametrize(

@@ -194,6 +194,56 @@ def test_wrong_password_is_not_retried_forever() -> None:
     assert len([line for line in wire.sent(uac) if line.startswith("INVITE")]) == 2
 
 
+class ChallengingProxy(ChallengingAgent):
+    """The challenging trunk behind a proxy that demands its own credentials first (407, realm
+    proxy.test, qop=auth) and refuses an INVITE whose nonce count did not rise (a replay)."""
+
+    proxy = digest.Challenge("proxy.test", "p-1", "MD5", ("auth",))
+
+    def __init__(self, agent: Agent) -> None:
+        super().__init__(agent.config, agent.rng)
+        self.last_nc = 0
+        self.requests: list[Request] = []
+
+    def receive(self, data: bytes, source: Address, transport: str, now: float) -> list[Output]:
+        message = parse_message(data)
+        if isinstance(message, Request):
+            self.requests.append(message)
+        if isinstance(message, Request) and message.method == "INVITE":
+            answer = message.header("Proxy-Authorization")
+            nc = int(digest.parse_auth_params(answer)[1]["nc"], 16) if answer else 0
+            if (
+                answer is None
+                or nc <= self.last_nc
+                or not digest.verify(answer, "INVITE", self.proxy, self.password)
+            ):
+                value = 'Digest realm="proxy.test", nonce="p-1", qop="auth"'
+                reply = response_to(message, 407, "p1", (("Proxy-Authenticate", value),))
+                return [Outgoing(reply.encode(), source, transport)]
+            self.last_nc = nc
+        return super().receive(data, source, transport, now)
+
+
+def test_dial_through_a_challenging_proxy_answers_both_challenges() -> None:
+    uac = make_agent(5060, 1)
+    uas = ChallengingProxy(make_agent(5070, 2))
+    wire = Wire(uac, uas)
+    call_id = dial(uac, wire, credentials=digest.Credentials("alice", "s3cret"))
+    invites = [r for r in uas.requests if r.method == "INVITE"]
+    assert [r.cseq.seq for r in invites] == [1, 2, 3]  # 407, then 401, then through
+    third = invites[-1]
+    assert digest.parse_auth_params(third.header("Proxy-Authorization") or "")[1]["nc"] == (
+        "00000002"
+    )
+    assert third.header("Authorization") is not None
+    answer_call(uas, wire, call_id)
+    assert len(wire.of(uac, CallAnswered)) == 1
+    [ack] = [r for r in uas.requests if r.method == "ACK" and r.cseq.seq == 3]
+    # the ACK of the 2xx carries the INVITE's credentials (RFC 3261 13.2.2.4)
+    assert ack.header("Proxy-Authorization") == third.header("Proxy-Authorization")
+    assert ack.header("Authorization") == third.header("Authorization")
+
+
 def test_session_timer_refresh_keeps_call_and_expiry_ends_it() -> None:
     uac, uas, wire = pair(session_expires=90, min_se=90)
     call_id = dial(uac, wire)

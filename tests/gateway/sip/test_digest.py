@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from gateway.sip.digest import (
+    Answers,
     Challenge,
     Credentials,
     authorization,
@@ -80,3 +81,23 @@ def test_rfc2069_form_without_qop() -> None:
 def test_unusable_challenges_raise(value: str) -> None:
     with pytest.raises(SipParseError):
         parse_challenge(value)
+
+
+def test_answers_keep_every_realm_and_count_each_nonce_on() -> None:
+    answers = Answers()
+    tokens = iter(["c1", "c2", "c3"])
+    two_proxies = ['Digest realm="a", nonce="na", qop="auth"', 'Digest realm="b", nonce="nb"']
+    assert answers.take(407, two_proxies, lambda: next(tokens)) is None
+    assert answers.take(401, ['Digest realm="r", nonce="nr"'], lambda: next(tokens)) is None
+    sent = answers.headers(Credentials("u", "p"), "REGISTER", "sip:r")
+    assert [(name, parse_auth_params(v)[1]["realm"]) for name, v in sent] == [
+        ("Proxy-Authorization", "a"),
+        ("Proxy-Authorization", "b"),
+        ("Authorization", "r"),
+    ]
+    again = answers.headers(Credentials("u", "p"), "REGISTER", "sip:r")
+    assert parse_auth_params(again[0][1])[1]["nc"] == "00000002"
+    stale = ['Digest realm="a", nonce="na", qop="auth", stale=true']
+    assert answers.take(407, stale, lambda: "c4") is None  # stale: answered again
+    refused = answers.take(407, ['Digest realm="b", nonce="nb"'], lambda: "c5")
+    assert refused == 'realm "b" refused the credentials'
