@@ -11,8 +11,10 @@ tick spends in its executor) and the GPU's time between CUDA events recorded aro
 - `back_to_back`: no gap between steps;
 - `sleep`: the host sleeps (time.sleep) until the next 80 ms instant, as the engine's clock;
 - `spin`: the host spins until that instant instead (its core never idles);
-- `sleep_wake`: sleeps, but queues a small kernel `--wake-ms` before the instant, so the GPU
-  is busy again when the step arrives.
+- `sleep_wake`: sleeps, but from `--wake-ms` before the instant queues small kernels until
+  it, so the GPU is busy again when the step arrives (bench/results/tick_idle.json was taken
+  by a first version that queued ~1 ms of them 3 ms before, leaving the GPU ~2 ms idle, so
+  its `sleep_wake` does not show this; tick_idle_wake.json does).
 
 Where `sleep` is slower than `back_to_back` in GPU time, the GPU itself is slower after
 idling; where only in wall time, the host is.
@@ -58,7 +60,7 @@ def run_mode(graph: GraphExecutor, mode: str, steps: int, wake_s: float) -> dict
     for _ in range(steps):
         if mode == "sleep_wake":
             until(instant - wake_s, spin=False)
-            for _ in range(200):  # ~1 ms of small kernels on an idle GPU
+            while time.perf_counter() < instant:  # small kernels queued up to the instant
                 wake.add_(1.0)
         if mode != "back_to_back":
             until(instant, spin=mode == "spin")

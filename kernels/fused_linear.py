@@ -43,9 +43,10 @@ The temporal layer takes it for its two residual GEMMs at up to transformer.FEW_
 (default_tiles from k = SWAP_K: 64 x 128, 6 stages, 2 splits), measured on one H200 (torch
 2.11, Triton 3.6, bf16; `python3 bench/kernels_fused_linear.py --rows 1 --temporal`,
 bench/results/kernels_fused_linear_split.json, us per call at one row, cuBLAS in brackets):
-out + residual 11.5 (16.3), down + residual 26.1 (32.0), 74% of HBM; the splits gained
-1-4% over none. With the norm as their prologue it lost: qkv 36.7 at best (31.7 for the norm
-kernel + cuBLAS), gate/up 61.7 (51.3); those stay on cuBLAS. In the temporal stage
+out + residual 11.5 (16.3), 61% of HBM, down + residual 26.1 (32.0), 74%; the splits gained
+1-4% over none. With the norm as their prologue they lost: qkv 39.3 at best on the swapped
+tiles, 36.7 on the CUDA-core ones (31.7 for the norm kernel + cuBLAS), gate/up 62.7 and 61.7
+(51.3); those stay on cuBLAS. In the temporal stage
 (`python3 bench/engine_stages.py --slots 1,4,16 --stages temporal --per-op`,
 bench/results/engine_stages_residual_swap.json): 1 slot 4.53 -> 4.25 ms, 4 slots 5.10 ->
 4.93, 16 slots 7.37 -> 7.33 (hence FEW_ROWS 4), in one run; the whole 1-call step 7.19 ms
@@ -59,7 +60,8 @@ Predicted before measuring (H200, bf16, CUDA graph): per layer step of the depfo
 slot ~25 MB of weights are read by 5 launches of ~2-5 us instead of 8, so the stage goes from
 466 to ~320 kernels and from 1.94 to ~1.3 ms; at 8 slots about the same. On the temporal
 shapes (k 4096, n up to 22528) cuBLAS already streams at ~75% of HBM; this kernel should
-be within 10% of it, so it is not wired there unless it measures faster.
+be within 10% of it, so it is not wired there unless it measures faster (since wired for the
+residual GEMMs on the swapped tiles, above).
 
 Measured on one H200 (torch 2.11, Triton 3.6, bf16, random weights, CUDA graphs):
 - the depformer stage, `python bench/engine_stages.py --slots 1,2,4,8,128 --stages
@@ -83,10 +85,11 @@ Measured on one H200 (torch 2.11, Triton 3.6, bf16, random weights, CUDA graphs)
   and the tensor cores win, but the stage is not faster than the per-op kernels (first run
   of the bench, tensor-core tiles: 1.86 / 1.84 ms against 1.80), so depformer.FEW_ROWS
   (engine/models/moshi/depformer.py) is 4.
-- the temporal layer (k 4096): not wired. At one row the fastest tile of the sweep against
-  cuBLAS and the per-op kernels, us per call: qkv + norm 39.3 vs 30.6, out + residual 13.7
-  vs 15.6, norm + gate/up + SiLU 60.2 vs 52.8, down + residual 31.1 vs 31.4 (62% of HBM,
-  as cuBLAS): 144 vs 130 us per layer, ~0.45 ms more over 32 layers. Wired with the first
+- the temporal layer (k 4096) on the first tiles (not swapped): not wired then. At one row
+  the fastest tile of the sweep against cuBLAS and the per-op kernels, us per call: qkv +
+  norm 39.3 vs 30.6, out + residual 13.7 vs 15.6, norm + gate/up + SiLU 60.2 vs 52.8, down +
+  residual 31.1 vs 31.4 (62% of HBM, as cuBLAS): 144 vs 130 us per layer, ~0.45 ms more
+  over 32 layers. Wired with the first
   default tiles (tensor cores 16 x 256) the stage went 4.63 -> 6.50 ms at one slot. (The
   bench's first version, `--rows 1,8 --temporal`; it reported us per 20 calls: divided here.)
 - correctness on the GPU: tests/kernels/test_fused_linear.py's 7B shapes at 1, 8 and 16 rows
@@ -156,6 +159,9 @@ class Tiles:
 def default_tiles(rows: int, n: int, k: int) -> Tiles:
     """The tiles the launcher takes when given none (measured: see the module docstring).
 
+    From k = SWAP_K (the temporal layer's residual GEMMs, its only callers there) the
+    swapped tiles, 2 splits; measured only in that mode: with the norm as prologue at those
+    shapes they are slower than cuBLAS (module docstring), so such a caller passes its tiles.
     Up to CUDA_CORE_ROWS rows, whole 1024-wide slices of k at a time on the CUDA cores: at
     one row two output columns per program, at most 8 programs per multiprocessor (each
     walks several column blocks), at two to four rows four columns per program. More rows,
@@ -552,9 +558,14 @@ def _split_workspace(device: torch.device, sums: int, blocks: int) -> tuple[Tens
     """The split units' fp32 sums (at least `sums`) and the int32 arrival counts (at least
     `blocks`, zero between launches) on `device`: one pair for every launch there, as the
     kernels of a tick run one after another on one stream. A launch that needs more gets a
-    larger pair; the smaller ones are kept, since a captured graph may still use them."""
+    larger pair; the smaller ones are kept, since a captured graph may still use them. A
+    pair is never made during a graph capture (run each shape once before capturing, as the
+    graph executor's warm-up does)."""
     kept = _WORKSPACES.setdefault(device, [])
     if not kept or kept[-1][0].numel() < sums or kept[-1][1].numel() < blocks:
+        # under capture the counts' zeroing would be recorded, not run: warm up first
+        capturing = device.type == "cuda" and torch.cuda.is_current_stream_capturing()
+        assert not capturing, "split tiles need their workspace before a graph is captured"
         sums = max(sums, kept[-1][0].numel() if kept else 0)
         blocks = max(blocks, kept[-1][1].numel() if kept else 0)
         partial = torch.empty(sums, device=device, dtype=torch.float32)
@@ -563,8 +574,11 @@ def _split_workspace(device: torch.device, sums: int, blocks: int) -> tuple[Tens
 
 
 def _fitted_stages(stages: int, stage_bytes: int) -> int:
-    """At most `stages` pipeline stages of `stage_bytes` that fit in SHARED_BYTES (at least 2)."""
-    return max(2, min(stages, SHARED_BYTES // stage_bytes))
+    """At most `stages` pipeline stages of `stage_bytes` that fit in SHARED_BYTES; the
+    pipeline needs two."""
+    fitted = min(stages, SHARED_BYTES // stage_bytes)
+    assert fitted >= 2, f"two stages of {stage_bytes} bytes exceed {SHARED_BYTES}: smaller tiles"
+    return fitted
 
 
 def _launch(
@@ -634,9 +648,13 @@ def _launch(
         programs = blocks * tiles.splits
         if tiles.programs_per_sm:
             programs = min(programs, tiles.programs_per_sm * multiprocessors(x.device, off_cuda=1))
-        # the pipeliner keeps `stages` weight (and row) tiles in shared memory
-        tile_bytes = (tiles.block_n * (2 if gated else 1) + block_m) * tiles.block_k
-        stages = _fitted_stages(stages, tile_bytes * x.element_size())
+        # the pipeliner keeps `stages` of each loaded tile in shared memory: weight (and up),
+        # rows (and pending), norm gain
+        rows_tiles = 2 if pending is not None else 1
+        weight_rows = tiles.block_n * (2 if gated else 1)
+        tile_elements = (weight_rows + block_m * rows_tiles) * tiles.block_k
+        tile_elements += tiles.block_k if alpha is not None else 0
+        stages = _fitted_stages(stages, tile_elements * x.element_size())
         workspace = [partial, arrived]
         modes = {"norm_k": min(NORM_K, triton.next_power_of_2(k)), "splits": tiles.splits}
     else:

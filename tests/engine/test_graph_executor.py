@@ -27,8 +27,14 @@ def _model(greedy: bool) -> MoshiModel:
     return model
 
 
-@pytest.mark.parametrize("greedy", [True, False])
-def test_graph_replays_match_eager_steps_with_calls_joining_and_leaving(greedy: bool) -> None:
+@pytest.mark.parametrize(("greedy", "split_tiles"), [(True, False), (False, False), (True, True)])
+def test_graph_replays_match_eager_steps_with_calls_joining_and_leaving(
+    greedy: bool, split_tiles: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    if split_tiles:  # every few-rows linear on the swapped, split tiles (the 7B's temporal)
+        from kernels import fused_linear
+
+        monkeypatch.setattr(fused_linear, "SWAP_K", 1)
     eager_model, graph_model = _model(greedy), _model(greedy)
     eager = EagerExecutor(eager_model)
     graph = GraphExecutor(graph_model)

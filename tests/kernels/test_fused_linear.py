@@ -147,12 +147,12 @@ def test_interpreted_row_counts(rows: int) -> None:
     _check("norm_gated", rows, 24, 48, torch.float32, SMALL_TILES[3])
 
 
-def _split_launches_agree(tiles: Tiles, n: int, k: int) -> None:
+def _split_launches_agree(tiles: Tiles, n: int, k: int, dtype: torch.dtype) -> None:
     """Split units leave every arrival count at zero, so that the next launch (another
     shape, reusing the counts) and a repeat of the first give the same bits."""
-    x = _randn(1, 1, k, dtype=torch.float32, seed=12)
-    weight = _randn(2 * n, k, dtype=torch.float32, seed=13, scale=k**-0.5)
-    alpha = _randn(k, dtype=torch.float32, seed=14)
+    x = _randn(1, 1, k, dtype=dtype, seed=12)
+    weight = _randn(2 * n, k, dtype=dtype, seed=13, scale=k**-0.5)
+    alpha = _randn(k, dtype=dtype, seed=14)
     first = fused_linear(x, weight, alpha=alpha, eps=EPS, gated=True, tiles=tiles)
     other = fused_linear(x, weight[: n // 2], residual=first[..., : n // 2], tiles=tiles)
     again = fused_linear(x, weight, alpha=alpha, eps=EPS, gated=True, tiles=tiles)
@@ -167,7 +167,7 @@ def _split_launches_agree(tiles: Tiles, n: int, k: int) -> None:
 @interpreter
 @needs_cpu
 def test_interpreted_split_counts_return_to_zero() -> None:
-    _split_launches_agree(SMALL_TILES[3], 40, 72)
+    _split_launches_agree(SMALL_TILES[3], 40, 72, torch.float32)
 
 
 @interpreter
@@ -203,6 +203,7 @@ def test_reads_a_column_slice_and_refuses_bad_layouts() -> None:
         ("plain", 2048, 1024),  # its head
         ("norm", 3 * 4096, 4096),  # the temporal layer's
         ("norm_gated", 11264, 4096),
+        ("residual", 4096, 4096),  # its out_proj
         ("residual", 4096, 11264),
     ],
 )
@@ -243,5 +244,16 @@ def test_compiled_modes_and_tiles(mode: str, dtype: torch.dtype, tiles: Tiles) -
 @needs_cuda
 @pytest.mark.parametrize("splits", [2, 5])
 def test_compiled_split_counts_return_to_zero(splits: int) -> None:
-    # the temporal FFN's shapes; the repeat runs on another program placement
-    _split_launches_agree(Tiles(64, 128, True, stages=4, swap=True, splits=splits), 11264, 4096)
+    # a gated launch of the temporal FFN's size, then a residual one reusing the counts; the
+    # repeat runs on another program placement
+    tiles = Tiles(64, 128, True, stages=4, swap=True, splits=splits)
+    _split_launches_agree(tiles, 11264, 4096, torch.bfloat16)
+
+
+@gpu
+@needs_cuda
+@pytest.mark.parametrize("mode", ["residual", "norm_pending_gated"])
+def test_compiled_programs_over_several_split_units(mode: str) -> None:
+    # 256 units on 132 programs: each program walks two, in parallel with the others
+    tiles = Tiles(64, 64, True, stages=4, programs_per_sm=1, swap=True, splits=4)
+    _check(mode, 3, 4096, 1024, torch.bfloat16, tiles)

@@ -19,6 +19,7 @@ from engine.models.moshi.attention import ring_mask
 from engine.models.moshi.depformer import FEW_ROWS, Depformer
 from engine.models.moshi.model import randomize
 from engine.models.moshi.sampling import Sampling
+from engine.models.moshi.transformer import FEW_ROWS as TEMPORAL_FEW_ROWS
 from engine.models.moshi.transformer import TemporalLayer, TemporalTransformer
 from kernels import fused_linear
 from kernels.fused_linear import MAX_ROWS, Tiles
@@ -170,6 +171,7 @@ def test_temporal_few_rows_path_matches_the_torch_path(
         with torch.no_grad():
             for module in transformer.modules():
                 if isinstance(module, TemporalLayer):
+                    module.fused = decode  # the few-rows path is made of the fused kernels
                     for norm in (module.norm1, module.norm2):
                         norm.alpha.copy_(_randn(1, 1, dim, dtype=torch.float32, seed=18))
             steps = [_randn(slots, 1, dim, dtype=torch.float32, seed=19 + f) for f in range(frames)]
@@ -177,9 +179,40 @@ def test_temporal_few_rows_path_matches_the_torch_path(
     torch.testing.assert_close(outputs[1], outputs[0], rtol=1e-5, atol=1e-5)
 
 
+def test_temporal_few_rows_path_only_with_the_fused_kernels(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """`fused` False keeps torch's ops everywhere (benches compare against it)."""
+
+    def refused(*_: object) -> torch.Tensor:
+        raise AssertionError("the few-rows path ran with fused False")
+
+    monkeypatch.setattr(TemporalLayer, "_few_rows", refused)
+    transformer = TemporalTransformer(
+        dim=32,
+        num_heads=2,
+        num_layers=1,
+        ffn_hidden=88,
+        max_period=1e4,
+        context=8,
+        slots=1,
+        device=DEVICE,
+        dtype=torch.float32,
+        decode_kernel=True,
+    )
+    randomize(transformer, 20)
+    transformer.few_rows = 1
+    for module in transformer.modules():
+        if isinstance(module, TemporalLayer):
+            module.fused = False
+    with torch.no_grad():
+        assert transformer.step(_randn(1, 1, 32, dtype=torch.float32, seed=21)).shape == (1, 1, 32)
+
+
 def test_few_rows_default_fits_one_fused_linear_program() -> None:
-    # depformer.FEW_ROWS must stay within the kernel's rows, or its launcher refuses the batch
+    # both FEW_ROWS must stay within the kernel's rows, or its launcher refuses the batch
     assert 1 <= FEW_ROWS <= MAX_ROWS, (FEW_ROWS, MAX_ROWS)
+    assert 1 <= TEMPORAL_FEW_ROWS <= MAX_ROWS, (TEMPORAL_FEW_ROWS, MAX_ROWS)
 
 
 @pytest.mark.parametrize("few_rows", [0, FEW_ROWS], ids=["per_op_kernels", "few_rows_kernels"])

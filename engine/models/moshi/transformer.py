@@ -117,10 +117,10 @@ class TemporalLayer(nn.Module):
     ) -> Tensor:
         """`few_rows` (one frame per slot through the ring kernels, at most
         TemporalTransformer.few_rows slots): the residual GEMMs on the swapped tiles, see
-        _few_rows."""
-        if few_rows and isinstance(mask, RingRead) and mask.mask is None:
-            return self._few_rows(x, start, keys, values, mask)
+        _few_rows; only with the fused kernels (`fused`), as that path is made of them."""
         fused = fused_on(x, self.fused)
+        if few_rows and fused and isinstance(mask, RingRead) and mask.mask is None:
+            return self._few_rows(x, start, keys, values, mask)
         normed = rms_norm(x, self.norm1.alpha, self.norm1.eps, fused)
         attended = self.self_attn(normed, start, keys, values, mask)
         x, normed = add_rms_norm(x, attended, self.norm2.alpha, self.norm2.eps, fused)
@@ -135,8 +135,9 @@ class TemporalLayer(nn.Module):
         others as the per-op path (cuBLAS behind the norm kernel). Measured on one H200 at
         one row (bench/results/kernels_fused_linear_split.json, us a call): out + residual
         11.5 against cuBLAS's 16.3, down + residual 26.1 against 32.0; with the norm as their
-        prologue the swapped tiles lost on qkv (36.7 at best against 31.7) and gate/up (61.7
-        against 51.3), so those stay on cuBLAS. Rounded where the per-op path rounds, but the
+        prologue fused_linear lost on qkv (39.3 on the swapped tiles, 36.7 on its best, CUDA-
+        core tile, against 31.7) and gate/up (62.7 and 61.7 against 51.3), so those stay on
+        cuBLAS. Rounded where the per-op path rounds, but the
         down projection's sum, rounded before the residual is added (the per-op path's
         addmm rounds once)."""
         # imported here: triton is absent from CPU-only installs, which never take this path
