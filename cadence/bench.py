@@ -177,6 +177,8 @@ def _measure(
             "session_ticks": sum(int(c["ticks"]) for c in per_call),
             "deadline_misses": missed,
             "tick_ms_recent": status.get("recent_tick_ms"),
+            # where a tick goes: gather (uplink in), step (the model), scatter (downlink out)
+            "phase_ms_recent": status.get("recent_phase_ms"),
             "busy_share": status.get("busy_share"),
             "kernels_per_tick": status.get("kernels_per_tick"),
             "gpu_memory_gb": status.get("gpu_memory_gb"),

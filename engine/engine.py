@@ -18,7 +18,7 @@ import numpy as np
 
 from engine.clock import TickClock, sleep_until
 from engine.executors import Executor
-from engine.metrics import EngineMetrics, loaded_cuda_torch
+from engine.metrics import PHASES, EngineMetrics, loaded_cuda_torch
 from engine.models.base import AgeableModel, Mask
 from engine.ring import EngineState, SharedRing, SlotState
 from engine.slots import Admission, SlotTable
@@ -72,6 +72,8 @@ class Engine:
         self.ticks_run = 0
         self.ticks_missed = 0
         self.recent_ticks_s: deque[float] = deque(maxlen=RECENT_TICKS)  # release -> published
+        # the same ticks' gather, step and scatter (the rest of a tick: waking after release)
+        self.recent_phases_s = {phase: deque[float](maxlen=RECENT_TICKS) for phase in PHASES}
         self.stall_next_tick_s = 0.0  # test hook: sleep this long inside the next tick
         self.age_next_tick = False  # test hook: age every live call's context before the step
         self._call_ids = [""] * slots  # per slot, for exemplars; written by the control thread
@@ -161,9 +163,10 @@ class Engine:
         missed = published_ns > self.clock.deadline_ns(tick)
         self._observe(tick, rows, underrun, skipped, missed, published_ns)
         m = self.metrics
-        m.phases["gather"].observe(t_gathered - t_start)
-        m.phases["step"].observe(t_stepped - t_gathered)
-        m.phases["scatter"].observe(t_scattered - t_stepped)
+        spans = (t_gathered - t_start, t_stepped - t_gathered, t_scattered - t_stepped)
+        for phase, span in zip(PHASES, spans, strict=True):
+            m.phases[phase].observe(span)
+            self.recent_phases_s[phase].append(span)
         duration_s = (published_ns - release_ns) / 1e9
         self.recent_ticks_s.append(duration_s)
         m.tick_duration.observe(duration_s, self._exemplar(rows) if missed else None)
@@ -314,6 +317,9 @@ class Engine:
             "ticks": self.ticks_run,
             "misses": self.ticks_missed,
             "recent_tick_ms": _tick_percentiles(self.recent_ticks_s),
+            "recent_phase_ms": {
+                phase: _tick_percentiles(spans) for phase, spans in self.recent_phases_s.items()
+            },
             "busy_share": _busy_share(self.recent_ticks_s, self.period_ns),
             "kernels_per_tick": self.executor.kernels_per_tick,
             "gpu_memory_gb": _gpu_memory_gb(),

@@ -44,6 +44,11 @@ def test_sweep_holds_each_call_count_and_reports_the_largest(tmp_path: Path) -> 
         # ~25 ticks in 2 s for each call; the first tick may start before every open lands
         assert run["session_ticks"] >= run["calls"] * 20
         assert 0 < run["busy_share"] < 0.5  # echo copies frames: far under the period
+        ticks = run["tick_ms_recent"]
+        for phase in ("gather", "step", "scatter"):
+            spans = run["phase_ms_recent"][phase]
+            assert spans["count"] == ticks["count"], (phase, spans, ticks)
+            assert 0 < spans["p50"] <= ticks["max"], (phase, spans, ticks)
         assert run["kernels_per_tick"] is None  # eager: nothing captured to count
         assert run["gpu_memory_gb"] is None  # the echo engine never loads torch
 
