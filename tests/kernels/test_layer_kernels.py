@@ -141,6 +141,30 @@ def test_temporal_layer_fused_matches_torch_path() -> None:
     torch.testing.assert_close(outputs[1], outputs[0], rtol=1e-5, atol=1e-5)
 
 
+def _one_slot_transformer(
+    dim: int, layers: int, few_rows: int, decode: bool, fused: bool
+) -> TemporalTransformer:
+    """A small fp32 temporal transformer for one slot, random weights (seed 17)."""
+    transformer = TemporalTransformer(
+        dim=dim,
+        num_heads=4,
+        num_layers=layers,
+        ffn_hidden=176,
+        max_period=1e4,
+        context=8,
+        slots=1,
+        device=DEVICE,
+        dtype=torch.float32,
+        decode_kernel=decode,
+    )
+    randomize(transformer, 17)
+    transformer.few_rows = few_rows
+    for module in transformer.modules():
+        if isinstance(module, TemporalLayer):
+            module.fused = fused
+    return transformer
+
+
 @pytest.mark.parametrize(
     "tiles",
     [None, Tiles(block_n=16, block_k=32, dot=True, programs_per_sm=2, swap=True, splits=2)],
@@ -154,24 +178,11 @@ def test_temporal_few_rows_path_matches_the_torch_path(
     slots, dim, frames = 1, 64, 3
     outputs = []
     for few_rows, decode in ((0, False), (slots, True)):
-        transformer = TemporalTransformer(
-            dim=dim,
-            num_heads=4,
-            num_layers=2,
-            ffn_hidden=176,
-            max_period=1e4,
-            context=8,
-            slots=slots,
-            device=DEVICE,
-            dtype=torch.float32,
-            decode_kernel=decode,
-        )
-        randomize(transformer, 17)
-        transformer.few_rows = few_rows
+        # the few-rows path is made of the fused kernels
+        transformer = _one_slot_transformer(dim, 2, few_rows, decode, fused=decode)
         with torch.no_grad():
             for module in transformer.modules():
                 if isinstance(module, TemporalLayer):
-                    module.fused = decode  # the few-rows path is made of the fused kernels
                     for norm in (module.norm1, module.norm2):
                         norm.alpha.copy_(_randn(1, 1, dim, dtype=torch.float32, seed=18))
             steps = [_randn(slots, 1, dim, dtype=torch.float32, seed=19 + f) for f in range(frames)]
@@ -188,25 +199,9 @@ def test_temporal_few_rows_path_only_with_the_fused_kernels(
         raise AssertionError("the few-rows path ran with fused False")
 
     monkeypatch.setattr(TemporalLayer, "_few_rows", refused)
-    transformer = TemporalTransformer(
-        dim=32,
-        num_heads=2,
-        num_layers=1,
-        ffn_hidden=88,
-        max_period=1e4,
-        context=8,
-        slots=1,
-        device=DEVICE,
-        dtype=torch.float32,
-        decode_kernel=True,
-    )
-    randomize(transformer, 20)
-    transformer.few_rows = 1
-    for module in transformer.modules():
-        if isinstance(module, TemporalLayer):
-            module.fused = False
+    transformer = _one_slot_transformer(64, 1, 1, decode=True, fused=False)
     with torch.no_grad():
-        assert transformer.step(_randn(1, 1, 32, dtype=torch.float32, seed=21)).shape == (1, 1, 32)
+        assert transformer.step(_randn(1, 1, 64, dtype=torch.float32, seed=21)).shape == (1, 1, 64)
 
 
 def test_few_rows_default_fits_one_fused_linear_program() -> None:
