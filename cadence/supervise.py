@@ -6,7 +6,9 @@ the engine (it unlinks its shared memory); a stop before the engine is ready end
 there, with the same status 0. A child that dies is restarted: meanwhile the gateway keeps
 serving, reports the engine down (/healthz 503, new calls 503 engine_unavailable) and
 re-attaches to the new engine by itself; a restarted engine that is not ready within the
-ready timeout is killed and restarted. A child that dies more than MAX_RESTARTS times within
+ready timeout is stopped (SIGTERM, SIGKILL after NOT_READY_GRACE_S) and restarted, and
+MAX_NOT_READY of them in a row (no engine ready in between) stop serve with status 1, as a
+first engine never ready does. A child that dies more than MAX_RESTARTS times within
 RESTART_WINDOW_S stops serve with a non-zero status. Children are told by the kernel to stop
 if serve itself is killed, so no process is left behind.
 """
@@ -23,7 +25,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 from types import FrameType
-from typing import Any
+from typing import Any, Literal
 
 from engine.control import ask_once
 from engine.ring import unlink_segment
@@ -32,8 +34,11 @@ log = logging.getLogger(__name__)
 
 PR_SET_PDEATHSIG = 1
 STOP_TIMEOUT_S = 10.0
+KILL_WAIT_S = 5.0  # after SIGKILL: a process stuck in the kernel (a GPU driver) may not exit
 MAX_RESTARTS = 5
 RESTART_WINDOW_S = 60.0
+NOT_READY_GRACE_S = 3.0  # SIGTERM to SIGKILL for a restarted engine never ready
+MAX_NOT_READY = 3  # restarted engines in a row killed for not being ready: serve gives up
 
 
 def die_with_parent() -> None:
@@ -73,17 +78,29 @@ def wait_ready(
     return False
 
 
-def stop_child(child: "subprocess.Popen[Any]", timeout_s: float = STOP_TIMEOUT_S) -> None:
-    """SIGTERM, then SIGKILL if it has not exited within `timeout_s`."""
+def stop_child(
+    child: "subprocess.Popen[Any]",
+    timeout_s: float = STOP_TIMEOUT_S,
+    kill_wait_s: float = KILL_WAIT_S,
+) -> bool:
+    """SIGTERM, then SIGKILL if it has not exited within `timeout_s`; False (logged) if it
+    has not exited `kill_wait_s` after the SIGKILL either (stuck in the kernel): it is left
+    behind rather than waited on for ever."""
     if child.poll() is not None:
-        return
+        return True
     child.send_signal(signal.SIGTERM)
     try:
         child.wait(timeout_s)
+        return True
     except subprocess.TimeoutExpired:
-        log.error("child %d did not stop in %.0f s: killing it", child.pid, timeout_s)
-        child.kill()
-        child.wait()
+        log.error("child %d did not stop in %g s: killing it", child.pid, timeout_s)
+    child.kill()
+    try:
+        child.wait(kill_wait_s)
+        return True
+    except subprocess.TimeoutExpired:
+        log.error("child %d did not exit %g s after SIGKILL: leaving it", child.pid, kill_wait_s)
+        return False
 
 
 class Supervisor:
@@ -105,6 +122,7 @@ class Supervisor:
         self.engine: subprocess.Popen[bytes] | None = None
         self.gateway: subprocess.Popen[bytes] | None = None
         self._restarts: list[float] = []
+        self._not_ready_kills = 0  # restarted engines killed for not being ready, in a row
 
     def _spawn(
         self, role: str, args: list[str], secrets: dict[str, str] | None = None
@@ -149,15 +167,27 @@ class Supervisor:
         self.gateway = self._start_gateway()
         ready_by: float | None = None  # a restarted engine's deadline to be ready, until it is
         while not self._stop:
-            if self.engine.poll() is not None:
+            engine_gone = self.engine.poll() is not None
+            if engine_gone:
                 log.error("engine exited with status %d", self.engine.returncode)
+            elif ready_by is not None:
+                state = self._check_restarted_engine(self.engine, ready_by)
+                if state == "ready":
+                    ready_by = None
+                engine_gone = state == "stopped"
+            if engine_gone:
                 unlink_segment(self.ring_name)
+                if self._not_ready_kills >= MAX_NOT_READY:
+                    log.error(
+                        "%d restarted engines in a row were not ready within %g s: giving up",
+                        self._not_ready_kills,
+                        self._ready_timeout_s,
+                    )
+                    return 1
                 if not self._may_restart():
                     return 1
                 self.engine = self._start_engine()
                 ready_by = time.monotonic() + self._ready_timeout_s
-            elif ready_by is not None:
-                ready_by = self._check_restarted_engine(self.engine, ready_by)
             if self.gateway.poll() is not None:
                 log.error("gateway exited with status %d", self.gateway.returncode)
                 if not self._may_restart():
@@ -169,20 +199,21 @@ class Supervisor:
 
     def _check_restarted_engine(
         self, engine: "subprocess.Popen[bytes]", ready_by: float
-    ) -> float | None:
-        """None once the restarted engine is ready; past `ready_by` it is killed (the next
-        poll restarts it, counted like any other death), as the first start would give up."""
+    ) -> Literal["ready", "warming", "stopped"]:
+        """Past `ready_by` a restarted engine still not ready is stopped (SIGTERM, SIGKILL
+        after NOT_READY_GRACE_S, at most KILL_WAIT_S more for it to exit: one stuck in the
+        driver is left behind) and counted; the caller restarts it like any other death."""
         status = engine_status(self.control, timeout_s=0.2)
         if status is not None and status.get("state") == "ready":
             log.info("engine ready again")
-            return None
-        if time.monotonic() > ready_by:
-            log.error(
-                "restarted engine was not ready within %g s: killing it", self._ready_timeout_s
-            )
-            engine.kill()
-            engine.wait()
-        return ready_by
+            self._not_ready_kills = 0
+            return "ready"
+        if time.monotonic() <= ready_by:
+            return "warming"
+        log.error("restarted engine was not ready within %g s: stopping it", self._ready_timeout_s)
+        self._not_ready_kills += 1
+        stop_child(engine, NOT_READY_GRACE_S)
+        return "stopped"
 
     def _may_restart(self) -> bool:
         now = time.monotonic()

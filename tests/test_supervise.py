@@ -7,6 +7,8 @@ import subprocess
 import sys
 import threading
 import time
+import types
+from collections.abc import Collection
 from multiprocessing import shared_memory
 
 import pytest
@@ -115,5 +117,133 @@ def test_a_restarted_engine_that_never_gets_ready_is_killed_and_restarted(
         signal.signal(signal.SIGTERM, handlers[1])
     assert code == 0
     assert len(engines) == 3, "the stuck second engine was replaced"
-    assert engines[1].returncode == -signal.SIGKILL
-    assert "restarted engine was not ready within 0.5 s: killing it" in caplog.messages
+    assert engines[1].returncode == -signal.SIGTERM, "asked to stop first"
+    assert "restarted engine was not ready within 0.5 s: stopping it" in caplog.messages
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.t = 0.0
+
+    def monotonic(self) -> float:
+        return self.t
+
+    def sleep(self, s: float) -> None:
+        self.t += s
+
+
+class FakeChild:
+    """A child process on a fake clock. `obeys` are the signals that end it (SIGKILL ends
+    any but a stuck one); a wait that would never return fails the test instead."""
+
+    def __init__(self, clock: FakeClock, obeys: set[int], stuck: bool = False) -> None:
+        self.clock, self.obeys, self.stuck = clock, obeys, stuck
+        self.returncode: int | None = None
+        self.pid = 4242
+        self.signals: list[int] = []
+
+    def poll(self) -> int | None:
+        return self.returncode
+
+    def send_signal(self, sig: int) -> None:
+        self.signals.append(sig)
+        if sig in self.obeys:
+            self.returncode = -sig
+
+    def kill(self) -> None:
+        self.send_signal(signal.SIGKILL)
+        if not self.stuck:
+            self.returncode = -signal.SIGKILL
+
+    def wait(self, timeout: float | None = None) -> int:
+        if self.returncode is not None:
+            return self.returncode
+        if timeout is None:
+            raise AssertionError("the supervisor waited for ever on a child that never exits")
+        self.clock.t += timeout
+        raise subprocess.TimeoutExpired("engine", timeout)
+
+
+def run_on_fake_clock(
+    monkeypatch: pytest.MonkeyPatch,
+    ready: set[int],
+    obeys: set[int],
+    stuck: Collection[int] = (),
+    ready_timeout_s: float = 120.0,
+) -> tuple[int, list[FakeChild], FakeClock]:
+    """serve with fake children on a fake clock. The engines numbered in `ready` (from 1)
+    answer ready once and then crash; the others never answer. Engines end on the signals
+    in `obeys` and on SIGKILL, those in `stuck` not even on that. A backstop stops serve at
+    50 engines."""
+    clock = FakeClock()
+    monkeypatch.setattr(
+        supervise, "time", types.SimpleNamespace(monotonic=clock.monotonic, sleep=clock.sleep)
+    )
+    engines: list[FakeChild] = []
+
+    def spawn(
+        supervisor: Supervisor, role: str, args: list[str], secrets: dict[str, str] | None = None
+    ) -> FakeChild:
+        if role == "gateway":
+            return FakeChild(clock, {signal.SIGTERM})
+        engines.append(FakeChild(clock, obeys, stuck=len(engines) + 1 in stuck))
+        if len(engines) >= 50:
+            supervisor._stop = True
+        return engines[-1]
+
+    def status(control: object, timeout_s: float = 1.0) -> dict[str, str] | None:
+        if len(engines) not in ready or engines[-1].returncode is not None:
+            return None
+        engines[-1].returncode = 1  # ready, and crashes right after
+        return {"state": "ready"}
+
+    monkeypatch.setattr(Supervisor, "_spawn", spawn)
+    monkeypatch.setattr(supervise, "unlink_segment", lambda name: None)
+    monkeypatch.setattr(supervise, "engine_status", status)
+    monkeypatch.setattr(signal, "signal", lambda *args: None)
+    code = Supervisor([], [], {}, ready_timeout_s=ready_timeout_s).run()
+    return code, engines, clock
+
+
+def test_restarted_engines_never_ready_stop_serve_after_three_in_a_row(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Killed once per --ready-timeout, a restarted engine never ready could not trip the
+    5-a-minute restart limit: serve restarted it for ever. Now 3 in a row end serve with 1,
+    like a first engine never ready; one ready in between starts the count again."""
+    with caplog.at_level("INFO", logger="cadence.supervise"):
+        code, engines, clock = run_on_fake_clock(monkeypatch, ready={1, 4}, obeys={signal.SIGTERM})
+    # engines 2, 3 never ready, 4 ready (the count starts again), 5, 6, 7 never ready
+    assert code == 1
+    assert len(engines) == 7
+    for n in (2, 3, 5, 6, 7):
+        assert engines[n - 1].signals == [signal.SIGTERM], f"engine {n} stopped by SIGTERM"
+    assert engines[3].signals == []
+    assert caplog.messages.count("engine ready again") == 1
+    assert caplog.messages[-1] == (
+        "3 restarted engines in a row were not ready within 120 s: giving up"
+    )
+    assert clock.t == pytest.approx(5 * 120, abs=5), "one ready-timeout per engine never ready"
+
+
+def test_a_restarted_engine_deaf_to_sigterm_and_stuck_after_sigkill_blocks_nothing(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """SIGKILL follows SIGTERM after a short grace, and the wait after SIGKILL is bounded: an
+    engine stuck in the GPU driver held serve's loop for ever."""
+    with caplog.at_level("INFO", logger="cadence.supervise"):
+        code, engines, clock = run_on_fake_clock(
+            monkeypatch, ready={1}, obeys=set(), stuck={2}, ready_timeout_s=60.0
+        )
+    assert code == 1
+    assert len(engines) == 4
+    for engine in engines[1:]:
+        assert engine.signals == [signal.SIGTERM, signal.SIGKILL]
+    assert engines[1].returncode is None, "stuck: left behind, serve went on"
+    assert engines[2].returncode == engines[3].returncode == -signal.SIGKILL
+    grace, kill_wait = supervise.NOT_READY_GRACE_S, supervise.KILL_WAIT_S
+    assert 0 < grace <= 5
+    assert 0 < kill_wait <= 10
+    assert f"child 4242 did not stop in {grace:g} s: killing it" in caplog.messages
+    assert f"child 4242 did not exit {kill_wait:g} s after SIGKILL: leaving it" in caplog.messages
+    assert clock.t == pytest.approx(3 * (60 + grace) + kill_wait, abs=5)
