@@ -220,16 +220,21 @@ class Caller:
                 call.ringing = True
                 out.append(CallRinging(call.call_id, status))
             return out
-        call.ring_deadline = None
         if status < 300:
+            call.ring_deadline = None
             return self._on_invite_success(call, response, now)
-        challenged = status in (401, 407) and call.credentials is not None
-        if challenged and self._challenged(call.auth, response) is None:
-            return self._retry_invite(call, now)
-        if status == 422:
-            interval = session_timer.retry_interval(response)
-            if interval > int(call.invite.header("Session-Expires") or "0"):
-                return self._retry_invite(call, now, (("Session-Expires", str(interval)),))
+        # A resend (401/407, 422) keeps the ring deadline set at dial: the call still rings
+        # for at most ring_timeout_s. One hung up (or timed out) before any 1xx let us CANCEL
+        # ends here: the app was told CallEnded, and a resend would ring the phone.
+        if not call.hangup_requested:
+            challenged = status in (401, 407) and call.credentials is not None
+            if challenged and self._challenged(call.auth, response) is None:
+                return self._retry_invite(call, now)
+            if status == 422:
+                interval = session_timer.retry_interval(response)
+                if interval > int(call.invite.header("Session-Expires") or "0"):
+                    return self._retry_invite(call, now, (("Session-Expires", str(interval)),))
+        call.ring_deadline = None
         after = decimal((response.header("Retry-After") or "").split(";")[0].strip(), 8)
         reason = "cancelled" if status == 487 else "rejected"
         return self._end(call, now, reason, status, after)

@@ -159,8 +159,10 @@ class Answers:
     RFC 3261 22.2-22.3: through a challenging proxy to a challenging registrar the request ends
     up carrying a Proxy-Authorization and an Authorization, one per realm, and the nonce count
     of each rises with every request that reuses its nonce (RFC 7616 3.4). A realm challenging
-    again with the nonce it was answered with (not stale) refused the credentials; a server
-    that keeps handing out new nonces is given up on after MAX_CHALLENGES.
+    again once answered refused the credentials unless the challenge says stale=true (RFC 7616
+    3.3), whether or not its nonce is new: one wrong answer per request, not one per nonce.
+    A stale challenge is answered again (the same nonce: its new details, the count going
+    on; a new nonce: a new cnonce, counted from 1), up to MAX_CHALLENGES in all.
     """
 
     answers: dict[tuple[str, str], _Answer] = field(default_factory=dict)
@@ -183,10 +185,16 @@ class Answers:
             return "no digest challenge it could answer"
         for realm, challenge in fresh.items():
             old = self.answers.get((header, realm))
-            if old is None or old.challenge.nonce != challenge.nonce:
+            if old is None or old.count == 0:
                 self.answers[header, realm] = _Answer(header, challenge, cnonce())
             elif not challenge.stale:
+                # answered and challenged again, not for a stale nonce: refused, whatever
+                # the nonce (RFC 7616 3.3, RFC 2617 3.2.1); a new answer would be as wrong
                 return f'realm "{realm}" refused the credentials'
+            elif old.challenge.nonce == challenge.nonce:
+                old.challenge = challenge  # its opaque, algorithm, qop; nc counts on
+            else:
+                self.answers[header, realm] = _Answer(header, challenge, cnonce())
         return None
 
     def headers(

@@ -340,10 +340,16 @@ class ProxiedRegistrar:
     """A proxy (407, realm proxy.test) in front of a registrar (401, realm trunk.example), both
     with qop=auth: the proxy refuses a nonce count that does not rise (a replay); only a
     REGISTER answering both is bound. `nonce` gives each of the registrar's challenges its
-    nonce (refusals included): it may keep one or hand out new ones."""
+    nonce (refusals included): it may keep one or hand out new ones; `stale` marks a refusal
+    of an answer stale=true (as if its nonce had expired, whatever the password)."""
 
-    def __init__(self, password: str = "pw", nonce: Callable[[int], str] = lambda n: "n-1") -> None:
-        self.password, self.nonce = password, nonce
+    def __init__(
+        self,
+        password: str = "pw",
+        nonce: Callable[[int], str] = lambda n: "n-1",
+        stale: bool = False,
+    ) -> None:
+        self.password, self.nonce, self.stale = password, nonce, stale
         self.registers: list[Request] = []
         self.proxy_nc: dict[str, int] = {}  # the proxy's nonces: the last nonce count seen
 
@@ -374,6 +380,8 @@ class ProxiedRegistrar:
         answer = request.header("Authorization")
         if answer is None or not verify(answer, "REGISTER", challenge, self.password):
             value = f'Digest realm="trunk.example", nonce="{nonce}", qop="auth"'
+            if answer is not None and self.stale:
+                value += ", stale=true"
             return response_to(request, 401, "r", (("WWW-Authenticate", value),)).encode()
         contact = f"{request.header('Contact')};expires=120"
         return response_to(request, 200, "r", (("Contact", contact),)).encode()
@@ -413,18 +421,25 @@ def test_register_answers_the_proxy_and_the_registrar_together() -> None:
     assert len(server.registers) == 6
 
 
+REFUSED = 'realm "trunk.example" refused the credentials'
+
+
 @pytest.mark.parametrize(
-    ("nonce", "registers", "reason"),
+    ("nonce", "stale", "registers", "reason"),
     [
-        (lambda n: "n-1", 3, 'realm "trunk.example" refused the credentials'),
-        (lambda n: f"n-{n}", 5, "still challenged after 4 answers"),  # a new nonce each time
+        (lambda n: "n-1", False, 3, REFUSED),
+        # a new nonce on every refusal, stale absent: still refused, one wrong answer sent
+        # (RFC 7616 3.3), not one per challenge until the bound (fail2ban bans for fewer)
+        (lambda n: f"n-{n}", False, 3, REFUSED),
+        # stale=true each time: answered again, until the bound
+        (lambda n: f"n-{n}", True, 5, "still challenged after 4 answers"),
     ],
 )
 def test_wrong_credentials_end_the_registration_attempt(
-    nonce: Callable[[int], str], registers: int, reason: str
+    nonce: Callable[[int], str], stale: bool, registers: int, reason: str
 ) -> None:
     agent = make_agent(5060, 7)
-    server = ProxiedRegistrar(password="other", nonce=nonce)
+    server = ProxiedRegistrar(password="other", nonce=nonce, stale=stale)
     events = register_at(agent, server)
     assert events == [RegistrationFailed("sip:cadence@trunk.example", 401, reason)]
     assert len(server.registers) == registers

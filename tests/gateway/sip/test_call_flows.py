@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from gateway.sip import digest
 from gateway.sip.agent import Agent
 from gateway.sip.events import (
@@ -282,6 +284,56 @@ def test_outbound_call_nobody_answers_is_cancelled() -> None:
     assert wire.of(uac, CallEnded) == [CallEnded(call_id, "ring_timeout")]
     assert wire.of(uas, CallEnded) == [CallEnded(call_id, "cancelled")]
     wire.advance(100)
+    assert uac.live_transactions() == uas.live_transactions() == 0
+
+
+def retrying_callee(kind: str) -> tuple[Agent, Agent, dict[str, object]]:
+    """A UAC and a callee that makes it resend its INVITE once: a digest challenge (401), or
+    422 for a session interval below the callee's Min-SE; and the `dial` arguments."""
+    if kind == "401":
+        uac = make_agent(5060, 1, ring_timeout_s=30.0)
+        uas = ChallengingAgent(make_agent(5070, 2).config, make_agent(5070, 2).rng)
+        return uac, uas, {"credentials": digest.Credentials("alice", "s3cret")}
+    uac = make_agent(5060, 1, ring_timeout_s=30.0, session_expires=90, min_se=90)
+    return uac, make_agent(5070, 2, session_expires=1800, min_se=1800), {}
+
+
+@pytest.mark.parametrize("kind", ["401", "422"])
+def test_outbound_call_resent_after_a_401_or_422_still_times_out(kind: str) -> None:
+    """The ring timeout survives the resend: the challenged (or 422) call that rings and is
+    never answered is CANCELled 30 s after it was dialled, like any other."""
+    uac, uas, arguments = retrying_callee(kind)
+    wire = Wire(uac, uas)
+    call_id = dial(uac, wire, **arguments)
+    assert len([line for line in wire.sent(uac) if line.startswith("INVITE")]) == 2
+    wire.take(uas, uas.ring(call_id, wire.now))
+    wire.advance(29.0)
+    assert wire.of(uac, CallEnded) == []
+    wire.advance(31.0)
+    assert wire.of(uac, CallEnded) == [CallEnded(call_id, "ring_timeout")]
+    assert "CANCEL sip:cadence@127.0.0.1:5070 SIP/2.0" in wire.sent(uac)
+    assert wire.of(uas, CallEnded) == [CallEnded(call_id, "cancelled")]
+    wire.advance(200.0)
+    assert uac.live_dialogs() == uas.live_dialogs() == 0
+    assert uac.live_transactions() == uas.live_transactions() == 0
+
+
+@pytest.mark.parametrize("kind", ["401", "422"])
+def test_hangup_before_any_provisional_then_a_401_or_422_ends_there(kind: str) -> None:
+    """Hung up before any 1xx (no CANCEL possible yet), then challenged or 422'd: the call ends
+    on that response; the INVITE is not resent to ring a phone the application gave up on."""
+    uac, uas, arguments = retrying_callee(kind)
+    wire = Wire(uac, uas)
+    sdp = offer(Origin("uac", 1, 1, "127.0.0.1"), "127.0.0.1", 40000)
+    call_id, out = uac.dial(UAS_URI, sdp, wire.now, **arguments)  # type: ignore[arg-type]
+    wire.take(uac, out)
+    wire.take(uac, uac.hangup(call_id, wire.now))
+    wire.pump()
+    assert len([line for line in wire.sent(uac) if line.startswith("INVITE")]) == 1
+    assert wire.of(uac, CallEnded) == [CallEnded(call_id, "local_hangup")]
+    assert wire.of(uas, IncomingCall) == []
+    wire.advance(wire.now + 64)
+    assert uac.live_dialogs() == uas.live_dialogs() == 0
     assert uac.live_transactions() == uas.live_transactions() == 0
 
 

@@ -101,3 +101,42 @@ def test_answers_keep_every_realm_and_count_each_nonce_on() -> None:
     assert answers.take(407, stale, lambda: "c4") is None  # stale: answered again
     refused = answers.take(407, ['Digest realm="b", nonce="nb"'], lambda: "c5")
     assert refused == 'realm "b" refused the credentials'
+
+
+def test_a_realm_answered_and_challenged_again_without_stale_refused_whatever_the_nonce() -> None:
+    """RFC 7616 3.3 / RFC 2617 3.2.1: only stale=true asks for a new answer; a new nonce
+    without it means the credentials were refused (retrying would send wrong ones again)."""
+    answers = Answers()
+    assert answers.take(401, ['Digest realm="r", nonce="n1", qop="auth"'], lambda: "c1") is None
+    answers.headers(Credentials("u", "p"), "REGISTER", "sip:r")
+    refused = answers.take(401, ['Digest realm="r", nonce="n2", qop="auth"'], lambda: "c2")
+    assert refused == 'realm "r" refused the credentials'
+
+
+def test_stale_challenges_are_answered_up_to_the_bound() -> None:
+    answers = Answers()
+    assert answers.take(401, ['Digest realm="r", nonce="n1"'], lambda: "c") is None
+    for n in range(2, 5):
+        answers.headers(Credentials("u", "p"), "REGISTER", "sip:r")
+        stale = [f'Digest realm="r", nonce="n{n}", stale=true']
+        assert answers.take(401, stale, lambda: "c") is None
+    answers.headers(Credentials("u", "p"), "REGISTER", "sip:r")
+    last = answers.take(401, ['Digest realm="r", nonce="n5", stale=true'], lambda: "c")
+    assert last == "still challenged after 4 answers"
+
+
+def test_a_stale_challenge_repeating_the_nonce_replaces_the_challenge() -> None:
+    """The new challenge's opaque, algorithm and qop are answered; the nonce being the same,
+    its cnonce stays and its nonce count rises."""
+    answers = Answers()
+    first = 'Digest realm="r", nonce="n", qop="auth", opaque="o1"'
+    assert answers.take(401, [first], lambda: "c1") is None
+    answers.headers(Credentials("u", "p"), "REGISTER", "sip:r")
+    again = 'Digest realm="r", nonce="n", qop="auth", opaque="o2", algorithm=SHA-256, stale=true'
+    assert answers.take(401, [again], lambda: "c2") is None
+    [(name, value)] = answers.headers(Credentials("u", "p"), "REGISTER", "sip:r")
+    params = parse_auth_params(value)[1]
+    assert (name, params["opaque"], params["algorithm"]) == ("Authorization", "o2", "SHA-256")
+    assert (params["cnonce"], params["nc"]) == ("c1", "00000002")
+    challenge = Challenge("r", "n", "SHA-256", ("auth",), "o2")
+    assert verify(value, "REGISTER", challenge, "p")
