@@ -11,9 +11,10 @@ from prometheus_client import disable_created_metrics, start_http_server
 from engine.config import EngineConfig
 from engine.control import ControlServer
 from engine.engine import Engine
-from engine.executors import build_executor
+from engine.executors import Executor, build_executor
 from engine.metrics import EngineMetrics
 from engine.models import build_model
+from engine.models.base import Model
 from engine.ring import EngineState, RingSpec, SharedRing
 from engine.slots import SlotTable
 from engine.watchdog import StepWatchdog, exit_hung
@@ -21,18 +22,36 @@ from engine.watchdog import StepWatchdog, exit_hung
 log = logging.getLogger(__name__)
 
 
+class _StoppedLoading(BaseException):
+    """SIGTERM or SIGINT while the model loads (a BaseException: no `except Exception` in a
+    loader swallows it)."""
+
+
 def run_engine(config: EngineConfig) -> int:
     disable_created_metrics()  # type: ignore[no-untyped-call]  # _created series: clutter
-    model = build_model(config.model, config.slots, config.model_options)
-    frame_ns = round(model.frame.samples * 1e9 / model.frame.sample_rate)
-    if config.tick_period_ns != frame_ns:
-        # every tick takes and gives one frame per call: any other period plays audio at the
-        # wrong speed (and the gateway paces its 20 ms packets on a quarter of the tick)
-        raise ValueError(
-            f"--tick-ms must be the {model.name} model's frame, {frame_ns / 1e6:g} ms, "
-            f"not {config.tick_period_ns / 1e6:g} ms"
-        )
-    executor = build_executor(config.executor, model)
+    stop = threading.Event()
+    loading = True  # until the model and executor are built: a signal interrupts the load
+
+    def on_signal(signum: int, frame: FrameType | None) -> None:
+        nonlocal loading
+        log.info("engine got %s: stopping", signal.Signals(signum).name)
+        stop.set()
+        if loading:  # nothing is created yet: end the load here (a 7B load takes minutes)
+            loading = False  # a second signal only sets the event
+            raise _StoppedLoading
+
+    # before the model loads: a stop then was SIGTERM's default (no word) or a Ctrl-C traceback
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    try:
+        model, executor = _load(config)
+    except _StoppedLoading:
+        log.info("engine stopped while loading its model, before it was ready")
+        return 0
+    finally:
+        loading = False  # a configuration error on its way out is not interrupted either
+    # from here a signal only sets `stop`: the ring and the socket go in the `finally` below,
+    # and the warm-up sees the stop before its first step
     spec = RingSpec(
         slots=config.slots,
         frame_samples=model.frame.samples,
@@ -42,14 +61,6 @@ def run_engine(config: EngineConfig) -> int:
         tick_period_ns=config.tick_period_ns,
     )
     ring = SharedRing.create(config.ring_name, spec)
-    stop = threading.Event()
-
-    def on_signal(signum: int, frame: FrameType | None) -> None:
-        log.info("engine got %s: stopping", signal.Signals(signum).name)
-        stop.set()
-
-    signal.signal(signal.SIGTERM, on_signal)
-    signal.signal(signal.SIGINT, on_signal)
     control: ControlServer | None = None
     watchdog: StepWatchdog | None = None
     try:
@@ -91,3 +102,17 @@ def run_engine(config: EngineConfig) -> int:
         ring.close()
         log.info("engine stopped; shared memory %s unlinked", config.ring_name)
     return 0
+
+
+def _load(config: EngineConfig) -> tuple[Model, Executor]:
+    """The model and its executor: the part of the start that a stop may interrupt."""
+    model = build_model(config.model, config.slots, config.model_options)
+    frame_ns = round(model.frame.samples * 1e9 / model.frame.sample_rate)
+    if config.tick_period_ns != frame_ns:
+        # every tick takes and gives one frame per call: any other period plays audio at the
+        # wrong speed (and the gateway paces its 20 ms packets on a quarter of the tick)
+        raise ValueError(
+            f"--tick-ms must be the {model.name} model's frame, {frame_ns / 1e6:g} ms, "
+            f"not {config.tick_period_ns / 1e6:g} ms"
+        )
+    return model, build_executor(config.executor, model)

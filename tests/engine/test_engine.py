@@ -1,7 +1,10 @@
 """The engine's pure parts and one real tick over a real ring and control socket."""
 
 import json
+import signal
 import socket
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -240,6 +243,69 @@ def test_a_stop_during_warm_up_ends_the_engine_without_it_ever_being_ready(
         "engine stopped during warm-up, before it was ready"
     ]
     assert not any("ready:" in line for line in lines), lines
+
+
+# `cadence engine` whose model load takes 60 s: it says so on stderr first, then sleeps
+SLOW_LOAD = (
+    "import sys, time\n"
+    "import engine.main\n"
+    "from cadence.cli import main\n"
+    "def slow_load(*args, **kwargs):\n"
+    "    print('test: loading the model', file=sys.stderr, flush=True)\n"
+    "    time.sleep(60)\n"
+    "    raise AssertionError('the stop did not end the load')\n"
+    "engine.main.build_model = slow_load\n"
+    "sys.exit(main(sys.argv[1:]))\n"
+)
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
+def test_a_stop_while_the_model_loads_ends_the_engine_cleanly(
+    tmp_path: Path, signum: signal.Signals
+) -> None:
+    """SIGTERM or Ctrl-C while the model still loads (before the engine installed its signal
+    handlers it used to): SIGTERM killed it without a word, SIGINT printed a KeyboardInterrupt
+    traceback and exited 1. Now, as a stop during warm-up: one line, status 0 (a normal
+    stop's), no shared-memory segment and no control socket left."""
+    control = tmp_path / "engine.sock"
+    ring = f"cadence-test-load-stop-{time.monotonic_ns()}"
+    argv = ["engine", f"--control={control}", f"--ring={ring}", "--slots=2", "--metrics-port=0"]
+    engine = subprocess.Popen(
+        [sys.executable, "-c", SLOW_LOAD, *argv],
+        cwd=Path(__file__).resolve().parents[2],
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    lines: list[str] = []
+    loading = threading.Event()
+
+    def read() -> None:
+        assert engine.stderr is not None
+        for line in engine.stderr:
+            lines.append(line.rstrip("\n"))
+            if "test: loading the model" in line:
+                loading.set()
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    try:
+        assert loading.wait(30), lines
+        engine.send_signal(signum)
+        code = engine.wait(10)
+        reader.join(5)
+    finally:
+        if engine.poll() is None:
+            engine.kill()
+            engine.wait()
+    assert code == 0, lines
+    assert not any("Traceback" in line for line in lines), lines
+    said = [line.split(": ", 1)[-1] for line in lines if " engine.main: " in line]
+    assert said == [
+        f"engine got {signum.name}: stopping",
+        "engine stopped while loading its model, before it was ready",
+    ]
+    assert not Path("/dev/shm", ring).exists()
+    assert not control.exists()
 
 
 def test_a_reused_slot_starts_its_counters_from_zero(
