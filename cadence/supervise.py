@@ -7,8 +7,9 @@ there, with the same status 0. A child that dies is restarted: meanwhile the gat
 serving, reports the engine down (/healthz 503, new calls 503 engine_unavailable) and
 re-attaches to the new engine by itself; a restarted engine that is not ready within the
 ready timeout is stopped (SIGTERM, SIGKILL after NOT_READY_GRACE_S) and restarted, and
-MAX_NOT_READY of them in a row (no engine ready in between) stop serve with status 1, as a
-first engine never ready does. A child that dies more than MAX_RESTARTS times within
+MAX_NOT_READY of them in a row (no engine ready in between), those that exited by themselves
+before they were ready counted too, stop serve with status 1, as a first engine never ready
+does. A child that dies more than MAX_RESTARTS times within
 RESTART_WINDOW_S stops serve with a non-zero status. Children are told by the kernel to stop
 if serve itself is killed, so no process is left behind.
 """
@@ -38,7 +39,7 @@ KILL_WAIT_S = 5.0  # after SIGKILL: a process stuck in the kernel (a GPU driver)
 MAX_RESTARTS = 5
 RESTART_WINDOW_S = 60.0
 NOT_READY_GRACE_S = 3.0  # SIGTERM to SIGKILL for a restarted engine never ready
-MAX_NOT_READY = 3  # restarted engines in a row killed for not being ready: serve gives up
+MAX_NOT_READY = 3  # restarted engines in a row never ready (killed, or exited): serve gives up
 
 
 def die_with_parent() -> None:
@@ -122,7 +123,8 @@ class Supervisor:
         self.engine: subprocess.Popen[bytes] | None = None
         self.gateway: subprocess.Popen[bytes] | None = None
         self._restarts: list[float] = []
-        self._not_ready_kills = 0  # restarted engines killed for not being ready, in a row
+        # restarted engines in a row never ready: killed for it, or exited before it
+        self._not_ready = 0
 
     def _spawn(
         self, role: str, args: list[str], secrets: dict[str, str] | None = None
@@ -168,7 +170,14 @@ class Supervisor:
         ready_by: float | None = None  # a restarted engine's deadline to be ready, until it is
         while not self._stop:
             engine_gone = self.engine.poll() is not None
-            if engine_gone:
+            if engine_gone and ready_by is not None:
+                # a restarted engine that died in its warm-up: one crashing more than ~12 s in
+                # never tripped the restart limit, and serve restarted it for ever
+                log.error(
+                    "engine exited with status %d before it was ready", self.engine.returncode
+                )
+                self._not_ready += 1
+            elif engine_gone:
                 log.error("engine exited with status %d", self.engine.returncode)
             elif ready_by is not None:
                 state = self._check_restarted_engine(self.engine, ready_by)
@@ -177,10 +186,10 @@ class Supervisor:
                 engine_gone = state == "stopped"
             if engine_gone:
                 unlink_segment(self.ring_name)
-                if self._not_ready_kills >= MAX_NOT_READY:
+                if self._not_ready >= MAX_NOT_READY:
                     log.error(
                         "%d restarted engines in a row were not ready within %g s: giving up",
-                        self._not_ready_kills,
+                        self._not_ready,
                         self._ready_timeout_s,
                     )
                     return 1
@@ -206,12 +215,12 @@ class Supervisor:
         status = engine_status(self.control, timeout_s=0.2)
         if status is not None and status.get("state") == "ready":
             log.info("engine ready again")
-            self._not_ready_kills = 0
+            self._not_ready = 0
             return "ready"
         if time.monotonic() <= ready_by:
             return "warming"
         log.error("restarted engine was not ready within %g s: stopping it", self._ready_timeout_s)
-        self._not_ready_kills += 1
+        self._not_ready += 1
         stop_child(engine, NOT_READY_GRACE_S)
         return "stopped"
 

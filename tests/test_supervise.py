@@ -136,13 +136,17 @@ class FakeChild:
     """A child process on a fake clock. `obeys` are the signals that end it (SIGKILL ends
     any but a stuck one); a wait that would never return fails the test instead."""
 
-    def __init__(self, clock: FakeClock, obeys: set[int], stuck: bool = False) -> None:
-        self.clock, self.obeys, self.stuck = clock, obeys, stuck
+    def __init__(
+        self, clock: FakeClock, obeys: set[int], stuck: bool = False, exits_at: float = 1e9
+    ) -> None:
+        self.clock, self.obeys, self.stuck, self.exits_at = clock, obeys, stuck, exits_at
         self.returncode: int | None = None
         self.pid = 4242
         self.signals: list[int] = []
 
     def poll(self) -> int | None:
+        if self.returncode is None and self.clock.t >= self.exits_at:
+            self.returncode = 1  # exits by itself (a crash in its warm-up)
         return self.returncode
 
     def send_signal(self, sig: int) -> None:
@@ -156,7 +160,14 @@ class FakeChild:
             self.returncode = -signal.SIGKILL
 
     def wait(self, timeout: float | None = None) -> int:
-        if self.returncode is not None:
+        if (
+            self.returncode is None
+            and timeout is not None
+            and self.clock.t + timeout >= self.exits_at
+        ):
+            self.clock.t = max(self.clock.t, self.exits_at)  # it exits within the wait
+        if self.poll() is not None:
+            assert self.returncode is not None
             return self.returncode
         if timeout is None:
             raise AssertionError("the supervisor waited for ever on a child that never exits")
@@ -170,11 +181,12 @@ def run_on_fake_clock(
     obeys: set[int],
     stuck: Collection[int] = (),
     ready_timeout_s: float = 120.0,
+    exits_after_s: float = 1e9,
 ) -> tuple[int, list[FakeChild], FakeClock]:
     """serve with fake children on a fake clock. The engines numbered in `ready` (from 1)
-    answer ready once and then crash; the others never answer. Engines end on the signals
-    in `obeys` and on SIGKILL, those in `stuck` not even on that. A backstop stops serve at
-    50 engines."""
+    answer ready once and then crash; the others never answer, and exit by themselves
+    (status 1) `exits_after_s` after they start. Engines end on the signals in `obeys` and on
+    SIGKILL, those in `stuck` not even on that. A backstop stops serve at 50 engines."""
     clock = FakeClock()
     monkeypatch.setattr(
         supervise, "time", types.SimpleNamespace(monotonic=clock.monotonic, sleep=clock.sleep)
@@ -186,7 +198,9 @@ def run_on_fake_clock(
     ) -> FakeChild:
         if role == "gateway":
             return FakeChild(clock, {signal.SIGTERM})
-        engines.append(FakeChild(clock, obeys, stuck=len(engines) + 1 in stuck))
+        n = len(engines) + 1
+        exits_at = 1e9 if n in ready else clock.t + exits_after_s
+        engines.append(FakeChild(clock, obeys, stuck=n in stuck, exits_at=exits_at))
         if len(engines) >= 50:
             supervisor._stop = True
         return engines[-1]
@@ -224,6 +238,31 @@ def test_restarted_engines_never_ready_stop_serve_after_three_in_a_row(
         "3 restarted engines in a row were not ready within 120 s: giving up"
     )
     assert clock.t == pytest.approx(5 * 120, abs=5), "one ready-timeout per engine never ready"
+
+
+def test_restarted_engines_that_exit_before_ready_count_toward_the_three_in_a_row(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A restarted engine that crashes in a long warm-up (30 s here, more than the ~12 s
+    between exits that 5 restarts a minute allow) never tripped the restart limit: serve
+    restarted it for ever. It now counts toward the same 3 in a row as one killed for not
+    being ready; a ready engine starts the count again."""
+    with caplog.at_level("INFO", logger="cadence.supervise"):
+        code, engines, clock = run_on_fake_clock(
+            monkeypatch, ready={1, 3}, obeys={signal.SIGTERM}, exits_after_s=30.0
+        )
+    # engine 2 exits before ready, 3 ready (the count starts again), 4, 5, 6 exit before ready
+    assert code == 1
+    assert len(engines) == 6
+    for n in (2, 4, 5, 6):
+        assert engines[n - 1].signals == [], f"engine {n} exited by itself"
+        assert engines[n - 1].returncode == 1
+    assert caplog.messages.count("engine exited with status 1 before it was ready") == 4
+    assert caplog.messages.count("engine ready again") == 1
+    assert caplog.messages[-1] == (
+        "3 restarted engines in a row were not ready within 120 s: giving up"
+    )
+    assert clock.t == pytest.approx(4 * 30, abs=5), "each exit seen at once, no ready timeout"
 
 
 def test_a_restarted_engine_deaf_to_sigterm_and_stuck_after_sigkill_blocks_nothing(
