@@ -54,6 +54,12 @@ class Call:
     credentials: Credentials | None = None
     outbound_proxy: bool = False  # every request of the call goes to `peer`, whatever Contact says
     auth: Answers = field(default_factory=Answers)  # the challenges our INVITE drew
+    # the challenges each of our in-dialog requests drew (RFC 3261 22.2-22.3): they share
+    # `auth`'s nonce ledger (Answers.next_request), each resend answers them all
+    reinvite_auth: Answers | None = None
+    refresh_auth: Answers | None = None
+    bye: Transaction | None = None  # our BYE, tracked past the call's end while challengeable
+    bye_auth: Answers | None = None
     reinvite: ClientInvite | None = None
     reinvite_direction: str | None = None
     reinvite_ack: bytes | None = None

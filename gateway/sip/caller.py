@@ -64,6 +64,9 @@ class Caller:
         self.stack = TransactionLayer(config.timers)
         self.calls: dict[str, Call] = {}
         self.registrations: dict[str, Registration] = {}
+        # calls ended locally whose BYE, sent with credentials at hand, awaits its final
+        # response: a 401/407 is answered (a new CSeq), anything else forgets the call
+        self.ending: dict[str, Call] = {}
 
     # -- identifiers and addresses ---------------------------------------------------------
 
@@ -122,8 +125,50 @@ class Caller:
         return [*out, *self._report(call, reason, status, retry_after)]
 
     def _bye(self, call: Call, now: float) -> list[Output]:
+        """Send BYE (the caller then ends the call). With credentials for the call, the BYE
+        is tracked in `ending` until its final response, so a 401/407 gets an answer."""
         request = call.dialog.request("BYE", self._via(call.transport))
-        return self._send(request, call.peer, call.transport, now)
+        transaction, sends = self.stack.start_client(request, call.peer, call.transport, now)
+        if call.credentials is not None:
+            call.bye, call.bye_auth = transaction, call.auth.next_request()
+            self.ending[call.call_id] = call
+        return list(sends)
+
+    def _resend_in_dialog(
+        self, call: Call, old: Request, answers: digest.Answers, now: float
+    ) -> tuple[Transaction, list[Output]]:
+        """Re-send an in-dialog request answering its challenges (RFC 3261 22.2-22.3): the
+        same Call-ID, tags, body and headers, a new branch and the dialog's next CSeq."""
+        assert call.credentials is not None
+        call.dialog.local_seq += 1
+        seq = call.dialog.local_seq
+        auth = answers.headers(call.credentials, old.method, str(old.uri))
+        replaced = {"via", "cseq", *AUTH_HEADERS}
+        headers = [(n, v) for n, v in old.headers if n.lower() not in replaced]
+        headers[:0] = [("Via", str(self._via(call.transport))), ("CSeq", f"{seq} {old.method}")]
+        request = replace(old, headers=(*headers, *auth))
+        transaction, sends = self.stack.start_client(request, call.peer, call.transport, now)
+        return transaction, list(sends)
+
+    def _answer_in_dialog(
+        self, call: Call, answers: digest.Answers | None, response: Response
+    ) -> bool:
+        """A 401/407 to an in-dialog request: True to resend it with credentials. Only a call
+        dialled with credentials answers (the trunk's; never a host dialled without them)."""
+        if response.status not in (401, 407) or call.credentials is None or answers is None:
+            return False
+        return self._challenged(answers, response) is None
+
+    def _on_bye_response(self, call: Call, response: Response, now: float) -> list[Output]:
+        """Our BYE's final response; the call already ended (CallEnded reported)."""
+        if response.status < 200:
+            return []
+        if call.bye is not None and self._answer_in_dialog(call, call.bye_auth, response):
+            assert call.bye_auth is not None
+            call.bye, sends = self._resend_in_dialog(call, call.bye.request, call.bye_auth, now)
+            return sends
+        self.ending.pop(call.call_id, None)  # accepted, refused or failed: nothing left to do
+        return []
 
     # -- outbound calls ------------------------------------------------------------------
 

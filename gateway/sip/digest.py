@@ -150,6 +150,7 @@ class _Answer:
     challenge: Challenge
     cnonce: str
     count: int = 0  # the last nonce count sent with this nonce
+    sent: bool = False  # answered in a request already (a challenge again is a refusal)
 
 
 @dataclass
@@ -163,10 +164,26 @@ class Answers:
     3.3), whether or not its nonce is new: one wrong answer per request, not one per nonce.
     A stale challenge is answered again (the same nonce: its new details, the count going
     on; a new nonce: a new cnonce, counted from 1), up to MAX_CHALLENGES in all.
+
+    `next_request` starts the answers of another request of the same dialog (a BYE, a
+    re-INVITE after the INVITE): nothing answered yet, so its first challenge is no refusal,
+    but a nonce answered before by any request of the dialog keeps its cnonce and counts on.
     """
 
     answers: dict[tuple[str, str], _Answer] = field(default_factory=dict)
     challenges: int = 0
+    # every nonce answered by the requests sharing this ledger: (cnonce, last count)
+    nonces: dict[str, tuple[str, int]] = field(default_factory=dict)
+
+    def next_request(self) -> Answers:
+        """Empty answers for another request of the dialog, sharing its nonce ledger."""
+        return Answers(nonces=self.nonces)
+
+    def _fresh(self, header: str, challenge: Challenge, cnonce: Callable[[], str]) -> _Answer:
+        known = self.nonces.get(challenge.nonce)
+        if known is None:
+            return _Answer(header, challenge, cnonce())
+        return _Answer(header, challenge, known[0], known[1])
 
     def take(self, status: int, values: list[str], cnonce: Callable[[], str]) -> str | None:
         """Take a 401's or 407's challenges: None to resend, else why the request failed."""
@@ -185,8 +202,8 @@ class Answers:
             return "no digest challenge it could answer"
         for realm, challenge in fresh.items():
             old = self.answers.get((header, realm))
-            if old is None or old.count == 0:
-                self.answers[header, realm] = _Answer(header, challenge, cnonce())
+            if old is None or not old.sent:
+                self.answers[header, realm] = self._fresh(header, challenge, cnonce)
             elif not challenge.stale:
                 # answered and challenged again, not for a stale nonce: refused, whatever
                 # the nonce (RFC 7616 3.3, RFC 2617 3.2.1); a new answer would be as wrong
@@ -194,7 +211,7 @@ class Answers:
             elif old.challenge.nonce == challenge.nonce:
                 old.challenge = challenge  # its opaque, algorithm, qop; nc counts on
             else:
-                self.answers[header, realm] = _Answer(header, challenge, cnonce())
+                self.answers[header, realm] = self._fresh(header, challenge, cnonce)
         return None
 
     def headers(
@@ -203,7 +220,12 @@ class Answers:
         """The authorization headers of the next request, each with its nonce count + 1."""
         found: list[tuple[str, str]] = []
         for answer in self.answers.values():
+            known = self.nonces.get(answer.challenge.nonce)
+            if known is not None and known[0] == answer.cnonce:
+                answer.count = max(answer.count, known[1])  # another request counted on
             answer.count += 1
+            answer.sent = True
+            self.nonces[answer.challenge.nonce] = (answer.cnonce, answer.count)
             value = authorization(
                 answer.challenge, credentials, method, uri, answer.cnonce, answer.count
             )

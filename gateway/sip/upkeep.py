@@ -3,10 +3,11 @@
 `Upkeep` sits between `Caller` (our outbound requests) and `Agent` (the inbound side). It
 routes every response to the call or registration whose transaction sent the request; sends
 our re-INVITEs (the `reinvite` command for hold/resume, or a session refresh when the peer
-lacks UPDATE) and UPDATEs; retransmits our 2xx until its ACK (RFC 3261 13.3.1.4); and fires
-the per-call deadlines: ring timeout, missing ACK, session refresh or expiry (RFC 4028), and
-transaction timeouts, each of which ends the call rather than leaving it, and its engine
-slot, behind.
+lacks UPDATE) and UPDATEs, each resent with digest credentials after a 401/407 when the
+call has them (our BYE too, caller.py); retransmits our 2xx until its ACK (RFC 3261
+13.3.1.4); and fires the per-call deadlines: ring timeout, missing ACK, session refresh or
+expiry (RFC 4028), and transaction timeouts, each of which ends the call rather than leaving
+it, and its engine slot, behind.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from dataclasses import replace
 
 from gateway.sip import session_timer
 from gateway.sip.call import Call, CallStateError
-from gateway.sip.caller import ALLOW, Caller
+from gateway.sip.caller import ALLOW, AUTH_HEADERS, Caller
 from gateway.sip.events import MediaChanged, MessageDropped, Output, RegistrationFailed
 from gateway.sip.headers import SipParseError
 from gateway.sip.message import Response, response_to
@@ -51,6 +52,9 @@ class Upkeep(Caller):
         for registration in self.registrations.values():
             if registration.transaction is transaction:
                 return self._on_register_response(registration, response, now)
+        ending = self.ending.get(response.call_id)
+        if ending is not None and transaction is ending.bye:
+            return self._on_bye_response(ending, response, now)
         call = self.calls.get(response.call_id)
         if call is None:
             return []
@@ -66,6 +70,15 @@ class Upkeep(Caller):
         if response.status < 200:
             return []
         if response.status >= 300:
+            assert call.reinvite is not None
+            if self._answer_in_dialog(call, call.reinvite_auth, response):
+                assert call.reinvite_auth is not None
+                old = call.reinvite.request
+                resent, sends = self._resend_in_dialog(call, old, call.reinvite_auth, now)
+                assert isinstance(resent, ClientInvite)
+                resent.bounded = True
+                call.reinvite, call.reinvite_ack = resent, None
+                return sends
             if response.status in DIALOG_GONE:
                 return [*self._bye(call, now), *self._end(call, now, "remote_gone")]
             if response.status == 491 and call.reinvite_direction is not None:
@@ -77,8 +90,11 @@ class Upkeep(Caller):
         if call.reinvite_ack is not None:
             return [Outgoing(call.reinvite_ack, call.peer, call.transport)]
         assert call.reinvite is not None
-        seq = call.reinvite.request.cseq.seq
-        ack = call.dialog.request("ACK", self._via(call.transport), cseq=seq)
+        reinvite = call.reinvite.request
+        # the ACK carries the re-INVITE's credentials (RFC 3261 13.2.2.4)
+        auth = tuple((n, v) for n, v in reinvite.headers if n.lower() in AUTH_HEADERS)
+        via = self._via(call.transport)
+        ack = call.dialog.request("ACK", via, headers=auth, cseq=reinvite.cseq.seq)
         call.reinvite_ack = ack.encode()
         out: list[Output] = [Outgoing(call.reinvite_ack, call.peer, call.transport)]
         self._take_timer(call, response, now)
@@ -94,6 +110,11 @@ class Upkeep(Caller):
         return out
 
     def _on_refresh_response(self, call: Call, response: Response, now: float) -> list[Output]:
+        if call.refresh is not None and self._answer_in_dialog(call, call.refresh_auth, response):
+            assert call.refresh_auth is not None
+            old = call.refresh.request
+            call.refresh, sends = self._resend_in_dialog(call, old, call.refresh_auth, now)
+            return sends
         if response.status in DIALOG_GONE:
             return [*self._bye(call, now), *self._end(call, now, "remote_gone")]
         if response.status < 300:
@@ -138,6 +159,7 @@ class Upkeep(Caller):
         assert isinstance(transaction, ClientInvite)
         transaction.bounded = True  # no human answers a re-INVITE: 1xx does not stop timer B
         call.reinvite, call.reinvite_ack, call.reinvite_direction = transaction, None, direction
+        call.reinvite_auth = call.auth.next_request()
         return list(sends)
 
     def _send_refresh(self, call: Call, now: float) -> list[Output]:
@@ -150,6 +172,7 @@ class Upkeep(Caller):
             "UPDATE", self._via(call.transport), headers=self._refresh_headers(call)
         )
         call.refresh, sends = self.stack.start_client(request, call.peer, call.transport, now)
+        call.refresh_auth = call.auth.next_request()
         return list(sends)
 
     # -- timers --------------------------------------------------------------------------
@@ -167,6 +190,10 @@ class Upkeep(Caller):
             if registration.transaction is transaction:
                 del self.registrations[aor]
                 return [RegistrationFailed(aor, None)]
+        for call_id, ending in list(self.ending.items()):
+            if transaction is ending.bye:
+                del self.ending[call_id]  # the call ended when the BYE was sent
+                return []
         for call in list(self.calls.values()):
             if transaction is call.client_invite:
                 return self._end(call, now, "timeout")

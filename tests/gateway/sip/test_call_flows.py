@@ -449,3 +449,138 @@ def test_glare_both_hold_at_once_then_retry_apart() -> None:
     assert [e.direction for e in wire.of(uas, MediaChanged)] == ["inactive"]
     assert wire.sent(uac).count("INVITE sip:cadence@127.0.0.1:5070 SIP/2.0") == 3
     assert wire.sent(uas).count("INVITE sip:cadence@127.0.0.1:5060 SIP/2.0") == 2
+
+
+class InDialogChallenger(Agent):
+    """A trunk that demands credentials for the in-dialog requests of `methods` (and, with
+    `invite`, for the dialling INVITE too), always with the same nonce, never stale."""
+
+    password = "s3cret"
+    value = 'Digest realm="cadence.test", nonce="nonce-1", algorithm=SHA-256, qop="auth"'
+    challenge = digest.Challenge("cadence.test", "nonce-1", "SHA-256", ("auth",))
+
+    def __init__(self, agent: Agent, methods: set[str], invite: bool = False) -> None:
+        super().__init__(agent.config, agent.rng)
+        self.methods, self.invite = methods, invite
+        self.requests: list[Request] = []
+
+    def receive(self, data: bytes, source: Address, transport: str, now: float) -> list[Output]:
+        message = parse_message(data)
+        if isinstance(message, Request):
+            self.requests.append(message)
+            in_dialog = message.to_addr.tag is not None
+            guarded = message.method in self.methods if in_dialog else self.invite
+            if guarded and message.method not in ("ACK", "CANCEL"):
+                answer = message.header("Authorization")
+                if answer is None or not digest.verify(
+                    answer, message.method, self.challenge, self.password
+                ):
+                    headers = (("WWW-Authenticate", self.value),)
+                    reply = response_to(message, 401, "t1", headers)
+                    return [Outgoing(reply.encode(), source, transport)]
+        return super().receive(data, source, transport, now)
+
+    def of(self, method: str) -> list[Request]:
+        return [r for r in self.requests if r.method == method]
+
+
+def challenged_call(
+    methods: set[str], password: str | None = "s3cret", *, invite: bool = True, **options: object
+) -> tuple[Agent, InDialogChallenger, Wire, str]:
+    """An answered call from a UAC with `password` (None: no credentials) to a trunk that
+    challenges `methods` in the dialog, and the dialling INVITE too if `invite`."""
+    uac = make_agent(5060, 1, **options)
+    uas = InDialogChallenger(make_agent(5070, 2, **options), methods, invite)
+    wire = Wire(uac, uas)
+    credentials = None if password is None else digest.Credentials("alice", password)
+    call_id = dial(uac, wire, credentials=credentials)
+    answer_call(uas, wire, call_id)
+    assert len(wire.of(uac, CallAnswered)) == 1
+    return uac, uas, wire, call_id
+
+
+def test_challenged_bye_is_resent_with_credentials() -> None:
+    """RFC 3261 22.2: a 401 to our BYE is answered: the same Call-ID and tags, the next CSeq,
+    an Authorization for BYE whose nonce count goes on from the INVITE's (the same nonce)."""
+    uac, uas, wire, call_id = challenged_call({"BYE"})
+    wire.take(uac, uac.hangup(call_id, wire.now))
+    wire.pump()
+    first, second = uas.of("BYE")
+    assert first.header("Authorization") is None
+    assert second.cseq.seq == first.cseq.seq + 1
+    for name in ("Call-ID", "From", "To"):
+        assert second.header(name) == first.header(name)
+    answer = second.header("Authorization") or ""
+    assert digest.verify(answer, "BYE", uas.challenge, "s3cret")
+    invite_nc = digest.parse_auth_params(uas.of("INVITE")[-1].header("Authorization") or "")
+    assert (invite_nc[1]["nc"], digest.parse_auth_params(answer)[1]["nc"]) == (
+        "00000001",
+        "00000002",
+    )
+    assert wire.log[-1][2] == "SIP/2.0 200 OK"
+    assert wire.of(uas, CallEnded) == [CallEnded(call_id, "remote_hangup")]
+    assert wire.of(uac, CallEnded) == [CallEnded(call_id, "local_hangup")]
+    wire.advance(wire.now + 64)
+    assert uac.live_dialogs() == uas.live_dialogs() == 0
+    assert uac.live_transactions() == uas.live_transactions() == 0
+    assert uac.ending == {}
+
+
+def test_bye_refused_again_still_ends_the_call_once() -> None:
+    """Wrong credentials: the BYE is answered once, refused again, and not sent a third
+    time; the call ended locally at the hang-up and is reported once, nothing lingers."""
+    uac, uas, wire, call_id = challenged_call({"BYE"}, "wrong", invite=False)
+    wire.take(uac, uac.hangup(call_id, wire.now))
+    wire.pump()
+    assert [r.cseq.seq for r in uas.of("BYE")] == [2, 3]
+    assert uas.of("BYE")[1].header("Authorization") is not None
+    wire.advance(wire.now + 64)
+    assert len(uas.of("BYE")) == 2
+    assert wire.of(uac, CallEnded) == [CallEnded(call_id, "local_hangup")]
+    assert uac.live_dialogs() == 0
+    assert uac.live_transactions() == 0
+    assert uac.ending == {}
+
+
+def test_bye_challenge_without_credentials_is_not_answered() -> None:
+    """A call dialled without credentials never offers any, in the dialog either."""
+    uac, uas, wire, call_id = challenged_call({"BYE"}, None, invite=False)
+    wire.take(uac, uac.hangup(call_id, wire.now))
+    wire.pump()
+    assert len(uas.of("BYE")) == 1
+    assert wire.of(uac, CallEnded) == [CallEnded(call_id, "local_hangup")]
+    wire.advance(wire.now + 64)
+    assert uac.live_transactions() == 0
+    assert uac.ending == {}
+
+
+def test_challenged_reinvite_is_resent_and_the_hold_takes_effect() -> None:
+    uac, uas, wire, call_id = challenged_call({"INVITE"})
+    wire.take(uac, uac.reinvite(call_id, "sendonly", wire.now))
+    wire.pump()
+    reinvites = [r for r in uas.of("INVITE") if r.to_addr.tag is not None]
+    assert [r.cseq.seq for r in reinvites] == [3, 4]  # INVITE 1, 2 (challenged), then these
+    assert reinvites[0].header("Authorization") is None
+    assert reinvites[1].body == reinvites[0].body
+    assert digest.verify(
+        reinvites[1].header("Authorization") or "", "INVITE", uas.challenge, "s3cret"
+    )
+    assert [e.direction for e in wire.of(uas, MediaChanged)] == ["recvonly"]
+    assert [e.direction for e in wire.of(uac, MediaChanged)] == ["sendonly"]
+    [ack] = [r for r in uas.of("ACK") if r.cseq.seq == 4]
+    assert ack.header("Authorization") == reinvites[1].header("Authorization")
+    wire.advance(wire.now + 40)
+    assert uac.live_dialogs() == uas.live_dialogs() == 1
+    assert wire.of(uas, CallEnded) == wire.of(uac, CallEnded) == []
+
+
+def test_challenged_update_refresh_is_resent_and_keeps_the_call() -> None:
+    uac, uas, wire, _call_id = challenged_call({"UPDATE"}, session_expires=90, min_se=90)
+    wire.advance(200)
+    updates = uas.of("UPDATE")
+    assert updates
+    assert all(r.header("Authorization") is None for r in updates[::2])
+    assert all(r.header("Authorization") for r in updates[1::2])
+    assert [r.cseq.seq for r in updates[:2]] == [3, 4]
+    assert wire.of(uas, CallEnded) == wire.of(uac, CallEnded) == []
+    assert uac.live_dialogs() == uas.live_dialogs() == 1

@@ -140,3 +140,28 @@ def test_a_stale_challenge_repeating_the_nonce_replaces_the_challenge() -> None:
     assert (params["cnonce"], params["nc"]) == ("c1", "00000002")
     challenge = Challenge("r", "n", "SHA-256", ("auth",), "o2")
     assert verify(value, "REGISTER", challenge, "p")
+
+
+def test_next_request_of_the_dialog_answers_afresh_and_counts_a_known_nonce_on() -> None:
+    """A BYE after the INVITE: its first challenge is no refusal (the BYE carried nothing),
+    and the nonce the INVITE answered keeps its cnonce, its count rising (RFC 7616 3.4)."""
+    invite = Answers()
+    challenge = ['Digest realm="r", nonce="n", qop="auth"']
+    assert invite.take(401, challenge, lambda: "c1") is None
+    invite.headers(Credentials("u", "p"), "INVITE", "sip:r")
+    bye = invite.next_request()
+    assert bye.answers == {}
+    assert bye.challenges == 0
+    assert bye.take(401, challenge, lambda: "c2") is None
+    [(_, value)] = bye.headers(Credentials("u", "p"), "BYE", "sip:r")
+    params = parse_auth_params(value)[1]
+    assert (params["cnonce"], params["nc"]) == ("c1", "00000002")
+    assert verify(value, "BYE", Challenge("r", "n", qop=("auth",)), "p")
+    # challenged again without stale: refused, as for any request
+    assert bye.take(401, challenge, lambda: "c3") == 'realm "r" refused the credentials'
+    # a new nonce starts from 1 with a new cnonce
+    update = invite.next_request()
+    assert update.take(401, ['Digest realm="r", nonce="m", qop="auth"'], lambda: "c4") is None
+    [(_, value)] = update.headers(Credentials("u", "p"), "UPDATE", "sip:r")
+    params = parse_auth_params(value)[1]
+    assert (params["cnonce"], params["nc"]) == ("c4", "00000001")
