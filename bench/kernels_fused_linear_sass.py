@@ -74,9 +74,8 @@ def build(tiles: Tiles, rows: int, mode: tuple[bool, bool, bool, bool]) -> tuple
     )
     source = ASTSource(fn=kernel, signature=types, constexprs=constants, attrs=attrs)
     stages = tiles.stages
-    if tiles.swap:  # as the launcher fits them
-        tile = (tiles.block_n * (2 if gated else 1) + block_m) * tiles.block_k * 2
-        stages = fused_linear._fitted_stages(stages, tile)
+    if tiles.swap:  # as the launcher fits them (bf16: 2 bytes)
+        stages = fused_linear.fitted_stages(tiles, block_m, gated, pending, norm, 2)
     options = {"num_warps": tiles.warps, "num_stages": stages}
     compiled = triton.compile(source, target=HOPPER, options=options)
     return bytes(compiled.asm["cubin"]), int(compiled.metadata.shared)

@@ -573,10 +573,16 @@ def _split_workspace(device: torch.device, sums: int, blocks: int) -> tuple[Tens
     return kept[-1]
 
 
-def _fitted_stages(stages: int, stage_bytes: int) -> int:
-    """At most `stages` pipeline stages of `stage_bytes` that fit in SHARED_BYTES; the
-    pipeline needs two."""
-    fitted = min(stages, SHARED_BYTES // stage_bytes)
+def fitted_stages(
+    tiles: Tiles, block_m: int, gated: bool, pending: bool, norm: bool, item_bytes: int
+) -> int:
+    """The swapped kernel's pipeline stages: at most `tiles.stages`, as many as fit in
+    SHARED_BYTES; the pipeliner keeps that many of each loaded tile in shared memory (weight
+    and up, rows and pending, the norm's gain). It needs two."""
+    weight_rows = tiles.block_n * (2 if gated else 1)
+    stage_bytes = (weight_rows + block_m * (2 if pending else 1) + norm) * tiles.block_k
+    stage_bytes *= item_bytes
+    fitted = min(tiles.stages, SHARED_BYTES // stage_bytes)
     assert fitted >= 2, f"two stages of {stage_bytes} bytes exceed {SHARED_BYTES}: smaller tiles"
     return fitted
 
@@ -631,7 +637,9 @@ def _launch(
     if tiles.dot:
         block_m = max(16, block_m)  # the tensor cores' smallest tile
         assert min(tiles.block_n, tiles.block_k) >= 16, tiles
-    programs = triton.cdiv(n, tiles.block_n)
+    assert tiles.splits == 1 or tiles.swap, f"splits take swapped tiles, {tiles}"
+    blocks = triton.cdiv(n, tiles.block_n)
+    programs = blocks * tiles.splits  # one a unit of work (a column block, or its part)
     if tiles.programs_per_sm:
         # off CUDA (the interpreter) 1: the cap is then the programs in all
         programs = min(programs, tiles.programs_per_sm * multiprocessors(x.device, off_cuda=1))
@@ -641,24 +649,14 @@ def _launch(
         assert tiles.dot, f"swap takes tensor-core tiles, {tiles}"
         assert tiles.splits >= 1, tiles
         kernel = _swapped_linear_kernel
-        blocks = triton.cdiv(n, tiles.block_n)
-        partial, arrived = _split_workspace(
-            x.device, blocks * tiles.splits * 2 * tiles.block_n * block_m, blocks
+        # per unit, [block_n, block_m] fp32 sums of the product and as many of the up half
+        sums = blocks * tiles.splits * 2 * tiles.block_n * block_m
+        workspace = list(_split_workspace(x.device, sums, blocks))
+        stages = fitted_stages(
+            tiles, block_m, gated, pending is not None, alpha is not None, x.element_size()
         )
-        programs = blocks * tiles.splits
-        if tiles.programs_per_sm:
-            programs = min(programs, tiles.programs_per_sm * multiprocessors(x.device, off_cuda=1))
-        # the pipeliner keeps `stages` of each loaded tile in shared memory: weight (and up),
-        # rows (and pending), norm gain
-        rows_tiles = 2 if pending is not None else 1
-        weight_rows = tiles.block_n * (2 if gated else 1)
-        tile_elements = (weight_rows + block_m * rows_tiles) * tiles.block_k
-        tile_elements += tiles.block_k if alpha is not None else 0
-        stages = _fitted_stages(stages, tile_elements * x.element_size())
-        workspace = [partial, arrived]
         modes = {"norm_k": min(NORM_K, triton.next_power_of_2(k)), "splits": tiles.splits}
     else:
-        assert tiles.splits == 1, f"splits take swapped tiles, {tiles}"
         kernel = _fused_linear_kernel
         workspace = []
         modes = {"dot": tiles.dot}

@@ -41,6 +41,11 @@ ALLOW = "INVITE, ACK, CANCEL, BYE, OPTIONS, UPDATE, INFO"
 AUTH_HEADERS = ("authorization", "proxy-authorization")
 
 
+def credentials_of(invite: Request) -> tuple[tuple[str, str], ...]:
+    """The authorization headers of an INVITE, for the ACK of its 2xx (RFC 3261 13.2.2.4)."""
+    return tuple((n, v) for n, v in invite.headers if n.lower() in AUTH_HEADERS)
+
+
 @dataclass
 class Registration:
     aor: str
@@ -141,14 +146,20 @@ class Caller:
         same Call-ID, tags, body and headers, a new branch and the dialog's next CSeq."""
         assert call.credentials is not None
         call.dialog.local_seq += 1
-        seq = call.dialog.local_seq
         auth = answers.headers(call.credentials, old.method, str(old.uri))
-        replaced = {"via", "cseq", *AUTH_HEADERS}
-        headers = [(n, v) for n, v in old.headers if n.lower() not in replaced]
-        headers[:0] = [("Via", str(self._via(call.transport))), ("CSeq", f"{seq} {old.method}")]
-        request = replace(old, headers=(*headers, *auth))
+        request = self._resent(call, old, call.dialog.local_seq, auth)
         transaction, sends = self.stack.start_client(request, call.peer, call.transport, now)
         return transaction, list(sends)
+
+    def _resent(
+        self, call: Call, old: Request, seq: int, added: tuple[tuple[str, str], ...]
+    ) -> Request:
+        """`old` again with a new Via (a new branch), CSeq `seq`, its authorization headers
+        and those named in `added` replaced by `added`."""
+        replaced = {"via", "cseq", *AUTH_HEADERS, *(n.lower() for n, _ in added)}
+        headers = [(n, v) for n, v in old.headers if n.lower() not in replaced]
+        headers[:0] = [("Via", str(self._via(call.transport))), ("CSeq", f"{seq} {old.method}")]
+        return replace(old, headers=(*headers, *added))
 
     def _answer_in_dialog(
         self, call: Call, answers: digest.Answers | None, response: Response
@@ -235,12 +246,8 @@ class Caller:
         auth: tuple[tuple[str, str], ...] = ()
         if call.credentials is not None:
             auth = call.auth.headers(call.credentials, "INVITE", str(old.uri))
-        replaced = {"via", "cseq", *AUTH_HEADERS, *(n.lower() for n, _ in extra)}
-        headers = [(n, v) for n, v in old.headers if n.lower() not in replaced]
-        headers[:0] = [("Via", str(self._via(call.transport))), ("CSeq", f"{seq} INVITE")]
-        invite = replace(old, headers=(*headers, *extra, *auth))
         call.dialog.local_seq = seq
-        return self._start_invite(call, invite, now)
+        return self._start_invite(call, self._resent(call, old, seq, (*extra, *auth)), now)
 
     def _cancel(self, call: Call, now: float) -> list[Output]:
         invite = call.invite
@@ -293,10 +300,10 @@ class Caller:
             # Without an outbound proxy, in-dialog requests follow the route set or Contact.
             with contextlib.suppress(SipParseError):
                 call.peer = self._resolve(call.dialog.next_hop())
-        # the ACK carries the INVITE's credentials (RFC 3261 13.2.2.4)
-        auth = tuple((n, v) for n, v in call.invite.headers if n.lower() in AUTH_HEADERS)
         via = self._via(call.transport)
-        ack = call.dialog.request("ACK", via, headers=auth, cseq=call.invite.cseq.seq)
+        ack = call.dialog.request(
+            "ACK", via, headers=credentials_of(call.invite), cseq=call.invite.cseq.seq
+        )
         call.ack = ack.encode()
         call.confirmed = call.answered = True
         call.last_refresh = now

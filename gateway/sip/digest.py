@@ -148,8 +148,6 @@ def verify(value: str, method: str, challenge: Challenge, password: str) -> bool
 class _Answer:
     header: str  # Authorization (a 401's challenge) or Proxy-Authorization (a 407's)
     challenge: Challenge
-    cnonce: str
-    count: int = 0  # the last nonce count sent with this nonce
     sent: bool = False  # answered in a request already (a challenge again is a refusal)
 
 
@@ -172,7 +170,7 @@ class Answers:
 
     answers: dict[tuple[str, str], _Answer] = field(default_factory=dict)
     challenges: int = 0
-    # every nonce answered by the requests sharing this ledger: (cnonce, last count)
+    # every nonce met by the requests sharing this ledger: its cnonce and the last count sent
     nonces: dict[str, tuple[str, int]] = field(default_factory=dict)
 
     def next_request(self) -> Answers:
@@ -180,10 +178,8 @@ class Answers:
         return Answers(nonces=self.nonces)
 
     def _fresh(self, header: str, challenge: Challenge, cnonce: Callable[[], str]) -> _Answer:
-        known = self.nonces.get(challenge.nonce)
-        if known is None:
-            return _Answer(header, challenge, cnonce())
-        return _Answer(header, challenge, known[0], known[1])
+        self.nonces.setdefault(challenge.nonce, (cnonce(), 0))
+        return _Answer(header, challenge)
 
     def take(self, status: int, values: list[str], cnonce: Callable[[], str]) -> str | None:
         """Take a 401's or 407's challenges: None to resend, else why the request failed."""
@@ -220,14 +216,10 @@ class Answers:
         """The authorization headers of the next request, each with its nonce count + 1."""
         found: list[tuple[str, str]] = []
         for answer in self.answers.values():
-            known = self.nonces.get(answer.challenge.nonce)
-            if known is not None and known[0] == answer.cnonce:
-                answer.count = max(answer.count, known[1])  # another request counted on
-            answer.count += 1
+            nonce = answer.challenge.nonce
+            cnonce, count = self.nonces[nonce]
+            self.nonces[nonce] = (cnonce, count + 1)
             answer.sent = True
-            self.nonces[answer.challenge.nonce] = (answer.cnonce, answer.count)
-            value = authorization(
-                answer.challenge, credentials, method, uri, answer.cnonce, answer.count
-            )
+            value = authorization(answer.challenge, credentials, method, uri, cnonce, count + 1)
             found.append((answer.header, value))
         return tuple(found)

@@ -16,7 +16,7 @@ from dataclasses import replace
 
 from gateway.sip import session_timer
 from gateway.sip.call import Call, CallStateError
-from gateway.sip.caller import ALLOW, AUTH_HEADERS, Caller
+from gateway.sip.caller import ALLOW, Caller, credentials_of
 from gateway.sip.events import MediaChanged, MessageDropped, Output, RegistrationFailed
 from gateway.sip.headers import SipParseError
 from gateway.sip.message import Response, response_to
@@ -91,9 +91,8 @@ class Upkeep(Caller):
             return [Outgoing(call.reinvite_ack, call.peer, call.transport)]
         assert call.reinvite is not None
         reinvite = call.reinvite.request
-        # the ACK carries the re-INVITE's credentials (RFC 3261 13.2.2.4)
-        auth = tuple((n, v) for n, v in reinvite.headers if n.lower() in AUTH_HEADERS)
         via = self._via(call.transport)
+        auth = credentials_of(reinvite)
         ack = call.dialog.request("ACK", via, headers=auth, cseq=reinvite.cseq.seq)
         call.reinvite_ack = ack.encode()
         out: list[Output] = [Outgoing(call.reinvite_ack, call.peer, call.transport)]
