@@ -25,11 +25,9 @@ do, RMSNorm is fp32 (eps + mean(x^2), then x * (alpha * rsqrt)), attention is fp
 and rounded once, and logits are the rounded head outputs read as fp32. Summation orders
 differ from cuBLAS, so a token can differ from torch's where two logits nearly tie.
 
-Sampling (temperature + top-k) uses the exponential race of engine/models/moshi/sampling.py
-with noise drawn before the launch by one torch op, indexed by vocabulary entry: the token is
-the argmax of p_i / E_i over the top-k set (logits at or above the k-th largest). It picks
-each token with the same probability as sampling.py but differs from it draw for draw;
-`sample_from_noise` is its torch reference for the same noise.
+Sampling (temperature + top-k) is engine/models/moshi/sampling.py's rule (`choose`, its
+torch reference for the same noise): the exponential race over the top-k set, with the draws
+of every step made before the launch by one torch op, as Depformer.forward does.
 
 Grid barrier: one int64 counter per prepared module, only ever incremented. A program adds
 1 and waits until the counter reaches the next multiple of the grid size, so no reset is
@@ -60,7 +58,7 @@ program is ~1.6x slower than what is served, and nothing in the engine launches 
 Tokens, tests/kernels/test_depformer_program.py on the same machine: greedy equal to
 Depformer.forward at 1 and 8 slots; at 128 slots 104 of 128 rows equal through the 8 steps and
 the others apart from a near tie (teacher-forced logit gap <= 0.042 row std); sampling with
-the same noise 97.9% of tokens equal to sample_from_noise under teacher forcing; the
+the same noise 97.9% of tokens equal to sampling.choose under teacher forcing; the
 step-0 distribution and three graph replays without a barrier reset passed.
 
 What would make it faster (not measured): more weight bytes in flight per program (longer K
@@ -82,7 +80,7 @@ from torch.nn import functional
 
 from engine.models.moshi.attention import rms_norm
 from engine.models.moshi.depformer import Depformer, DepformerLayer
-from engine.models.moshi.sampling import Sampling, sample
+from engine.models.moshi.sampling import Sampling, choose, draw_noise
 from engine.models.moshi.transformer import RMS_EPS
 
 # the program's tiles; module-level and read at each launch, so the bench can sweep them
@@ -416,18 +414,6 @@ def _layers(depformer: Depformer) -> list[DepformerLayer]:
     return [cast(DepformerLayer, layer) for layer in depformer.layers]
 
 
-def sample_from_noise(logits: Tensor, how: Sampling, race: Tensor) -> Tensor:
-    """The kernel's choice in torch: logits fp32 [B, card], race: Exp(1) draws [B, card] ->
-    int64 [B]. The exponential race of sampling.py over the top-k set, with the draws indexed
-    by vocabulary entry instead of by rank."""
-    if how.greedy:
-        return logits.argmax(dim=-1)
-    probs = torch.softmax(logits / how.temperature, dim=-1)
-    kth = torch.topk(logits, min(how.top_k, logits.shape[-1]), dim=-1).values[:, -1:]
-    score = torch.where(logits >= kth, probs / race, torch.full_like(probs, -1.0))
-    return score.argmax(dim=-1)
-
-
 def depformer_reference(
     depformer: Depformer,
     hidden: Tensor,
@@ -443,9 +429,14 @@ def depformer_reference(
     is left alone).
 
     Without `race` it draws as Depformer.forward does (same tokens for the same generator
-    state); with race: fp32 [B, steps, card] it chooses by sample_from_noise, as the kernel.
+    state); with race: fp32 [B, steps, card] it chooses with those draws (sampling.choose,
+    the kernel's rule).
     """
     batch = hidden.shape[0]
+    if race is None:
+        race = draw_noise(
+            (batch, depformer.steps, depformer.linears.shape[1]), hidden.device, how, generator
+        )
     layers = _layers(depformer)
     heads = layers[0].self_attn.num_heads
     keys: list[list[Tensor]] = [[] for _ in layers]
@@ -474,10 +465,7 @@ def depformer_reference(
             gated = functional.silu(gate[:, 0]) * gate[:, 1]
             x = x + functional.linear(gated, ffn.linear_out[step])
         logits = functional.linear(x, depformer.linears[step]).float()
-        if race is None:
-            token = sample(logits, how, generator)
-        else:
-            token = sample_from_noise(logits, how, race[:, step])
+        token = choose(logits, how, None if race is None else race[:, step])
         if forced is not None and forced_mask is not None:
             token = torch.where(forced_mask[:, step], forced[:, step], token)
         tokens.append(token)

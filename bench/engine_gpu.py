@@ -1,7 +1,7 @@
 """Moshi 7B tick time vs concurrent calls on one GPU: Cadence's executors against Kyutai's.
 
     python bench/engine_gpu.py --slots 1,8,32,64,128 --steps 60 --json OUT.json [--reference]
-        [--kv-dtype bf16|fp8] [--full-rings]
+        [--kv-dtype bf16|fp8] [--full-rings] [--top-k [--torch-sampling]]
 
 For each slot count N (= calls served in lockstep) it builds Cadence's Moshi (bf16, random
 weights, 2-minute KV context = 1500 frames) with N rows and measures, back to back:
@@ -51,11 +51,12 @@ from gpu_timing import count_kernels, machine  # bench/, this folder
 
 from engine.executors.eager import EagerExecutor
 from engine.executors.graph import GraphExecutor
+from engine.models.moshi import sampling
 from engine.models.moshi.config import MoshiConfig, moshiko
 from engine.models.moshi.lm import MoshiLm
 from engine.models.moshi.mimi.codec import MimiCodec
 from engine.models.moshi.model import MoshiModel, randomize
-from engine.models.moshi.sampling import Sampling
+from engine.models.moshi.sampling import AUDIO_DEFAULT, TEXT_DEFAULT, Sampling
 from kernels import dependent_launch
 
 log = logging.getLogger("engine_gpu")
@@ -66,13 +67,20 @@ CONTEXT = 1500  # 2 minutes of 80 ms frames
 Weights = dict[str, dict[str, torch.Tensor]]
 
 
+GREEDY = Sampling(greedy=True, temperature=1.0, top_k=1)
+
+
 def build(
-    config: MoshiConfig, slots: int, weights: Weights, kv_dtype: torch.dtype | None = None
+    config: MoshiConfig,
+    slots: int,
+    weights: Weights,
+    kv_dtype: torch.dtype | None = None,
+    how: tuple[Sampling, Sampling] = (GREEDY, GREEDY),
 ) -> MoshiModel:
+    """how: the text's and the audio's sampling."""
     device = torch.device("cuda")
-    greedy = Sampling(greedy=True, temperature=1.0, top_k=1)
     generator = torch.Generator(device=device).manual_seed(0)
-    lm = MoshiLm(config.lm, slots, device, torch.bfloat16, greedy, greedy, generator, kv_dtype)
+    lm = MoshiLm(config.lm, slots, device, torch.bfloat16, *how, generator, kv_dtype)
     mimi = MimiCodec(config.mimi, slots, device)
     if weights:
         lm.load_state_dict(weights["lm"])
@@ -134,9 +142,10 @@ def cadence_row(
     weights: Weights,
     kv_dtype: torch.dtype | None,
     full_rings: bool,
+    how: tuple[Sampling, Sampling],
 ) -> dict[str, Any]:
     torch.cuda.reset_peak_memory_stats()
-    model = build(config, slots, weights, kv_dtype)
+    model = build(config, slots, weights, kv_dtype, how)
     row: dict[str, Any] = {"slots": slots}
     if slots <= 8:
         eager = EagerExecutor(model).run
@@ -213,11 +222,23 @@ def main() -> int:
         action="store_true",
         help="Cadence's kernels without programmatic dependent launch (kernels/dependent_launch)",
     )
+    parser.add_argument(
+        "--top-k",
+        action="store_true",
+        help="Cadence samples as it serves by default (temperature + top-k) instead of greedy",
+    )
+    parser.add_argument(
+        "--torch-sampling",
+        action="store_true",
+        help="sample with torch ops instead of kernels/sampling.py's one launch per stream",
+    )
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
     torch.backends.cuda.matmul.allow_tf32 = True
     dependent_launch.ENABLED = not args.no_pdl
+    sampling.KERNEL = not args.torch_sampling
+    how = (TEXT_DEFAULT, AUDIO_DEFAULT) if args.top_k else (GREEDY, GREEDY)
     config = moshiko()
     assert config.lm.context == CONTEXT
     result: dict[str, Any] = {
@@ -227,6 +248,8 @@ def main() -> int:
         "kv_dtype": args.kv_dtype,
         "full_rings": args.full_rings,
         "pdl": dependent_launch.ENABLED,
+        "sampling": "top-k" if args.top_k else "greedy",
+        "sampling_kernel": sampling.KERNEL,
         "cadence": [],
         "reference": [],
     }
@@ -243,7 +266,7 @@ def main() -> int:
     log.info("weights ready in %.1f s", time.perf_counter() - t0)
     for slots in [int(s) for s in args.slots.split(",")]:
         try:
-            row = cadence_row(config, slots, args.steps, weights, kv_dtype, args.full_rings)
+            row = cadence_row(config, slots, args.steps, weights, kv_dtype, args.full_rings, how)
         except torch.OutOfMemoryError:
             row = {"slots": slots, "error": "out of memory"}
             gc.collect()

@@ -112,7 +112,7 @@ def check_logits(frames: int, seed: int, device: torch.device) -> dict[str, Any]
         rows = []
         for t in range(frames):
             ours.delays.seed(0, t, tokens[t])
-            rows.append(ours.advance()[2][0])
+            rows.append(ours.advance()[2][0].float())
         got = torch.stack(rows)
     scale = want.abs().max().item()
     error = (got - want).abs()

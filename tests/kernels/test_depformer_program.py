@@ -24,7 +24,7 @@ from pathlib import Path
 
 from engine.models.moshi.config import moshiko
 from engine.models.moshi.depformer import Depformer
-from engine.models.moshi.sampling import Sampling, sample
+from engine.models.moshi.sampling import Sampling, choose
 
 # an experiment (not served: slower than the fused depformer), so it lives under bench/
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
@@ -32,7 +32,6 @@ from depformer_program import (
     depformer_program,
     depformer_reference,
     prepare_program,
-    sample_from_noise,
 )
 
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -135,23 +134,6 @@ def test_reference_is_depformer_forward() -> None:
             assert torch.equal(got, want), (how, got, want)
 
 
-def test_noise_race_draws_the_top_k_distribution() -> None:
-    """sample_from_noise (the kernel's rule) and sampling.sample pick each token with the
-    top-k softmax probability: counts over many draws within 5 standard deviations."""
-    torch.manual_seed(5)
-    rows, card = 40000, 16
-    how = Sampling(greedy=False, temperature=1.5, top_k=6)
-    logits = torch.randn(card).repeat(rows, 1)
-    top = torch.topk(logits[0], how.top_k).indices
-    probs = torch.zeros(card)
-    probs[top] = torch.softmax(logits[0, top] / how.temperature, dim=-1)
-    race = torch.empty(rows, card).exponential_()
-    for tokens in (sample_from_noise(logits, how, race), sample(logits, how, None)):
-        counts = torch.bincount(tokens, minlength=card).double()
-        spread = (rows * probs * (1 - probs)).double().sqrt()
-        assert torch.all((counts - rows * probs).abs() <= 5 * spread + 1e-9), counts
-
-
 @pytest.mark.interpreter
 @pytest.mark.skipif(DEVICE.type == "cuda", reason="the GPU tests run the compiled grid")
 def test_interpreted_program_greedy_and_forced() -> None:
@@ -224,7 +206,7 @@ def test_seven_b_sampling_against_the_same_noise() -> None:
     everywhere = torch.ones_like(got, dtype=torch.bool)
     _, logits = depformer_reference(depformer, hidden, text, SPREAD, None, got, everywhere)
     want = torch.stack(
-        [sample_from_noise(logits[:, s], SPREAD, race[:, s]) for s in range(depformer.steps)],
+        [choose(logits[:, s], SPREAD, race[:, s]) for s in range(depformer.steps)],
         dim=1,
     )
     agree = float((got == want).float().mean())

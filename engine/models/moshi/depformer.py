@@ -24,7 +24,7 @@ from torch.nn import functional
 
 from engine.models.moshi.attention import RmsNorm, add_rms_norm, fused_on, rms_norm
 from engine.models.moshi.config import LmConfig
-from engine.models.moshi.sampling import Sampling, sample
+from engine.models.moshi.sampling import Sampling, draw_noise, sample
 from engine.models.moshi.transformer import RMS_EPS, gated_ffn
 
 # the largest batch for which the few-rows kernels beat the per-op ones (measured: see
@@ -226,6 +226,10 @@ class Depformer(nn.Module):
         if fused:
             # the input projections of all steps in one GEMM: they do not depend on the tokens
             projected = functional.linear(hidden, self.depformer_in.view(-1, hidden.shape[-1]))
+        # the race's draws for every step at once: one launch, not one per step
+        shape = (hidden.shape[0], self.steps, self.linears.shape[1])
+        noise = draw_noise(shape, hidden.device, how, generator)
+        given = (forced, forced_mask) if forced is not None and forced_mask is not None else None
         tokens: list[Tensor] = []
         previous = text
         for step in range(self.steps):
@@ -242,9 +246,15 @@ class Depformer(nn.Module):
                 x = layer(x, pending, step, keys, values, fused, few_rows)
                 pending = None
             logits = self._head(x[:, 0], step, few_rows)  # [B, card]
-            token = sample(logits, how, generator)
-            if forced is not None and forced_mask is not None:
-                token = torch.where(forced_mask[:, step], forced[:, step], token)
+            token = sample(
+                logits,
+                how,
+                generator,
+                None if given is None else given[0][:, step],
+                None if given is None else given[1][:, step],
+                None if noise is None else noise[:, step],
+                fused,
+            )
             tokens.append(token)
             previous = token
         return torch.stack(tokens, dim=1)

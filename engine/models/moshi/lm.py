@@ -92,13 +92,19 @@ class MoshiLm(nn.Module):
 
     def advance(self) -> tuple[Tensor, Tensor, Tensor]:
         """One LM step on what the delay rings hold; returns the emitted frame, whether it
-        exists, and the text logits (fp32 [slots, text_card]) of this step."""
+        exists, and the text logits ([slots, text_card], the model's dtype) of this step."""
         tokens = self.delays.inputs()[:, None]  # [slots, 1, streams]
         hidden = self.out_norm(self.transformer.step(self.embed(tokens)))
-        text_logits = self.text_linear(hidden)[:, 0].float()
+        text_logits = self.text_linear(hidden)[:, 0]
         forced, forced_mask = self.delays.targets()
-        text = sample(text_logits, self.text_sampling, self.generator)
-        text = torch.where(forced_mask[:, 0], forced[:, 0], text)
+        text = sample(
+            text_logits,
+            self.text_sampling,
+            self.generator,
+            forced[:, 0],
+            forced_mask[:, 0],
+            fused=self.fused,
+        )
         audio = self.depformer(
             hidden, text, self.audio_sampling, self.generator, forced[:, 1:], forced_mask[:, 1:]
         )
@@ -124,8 +130,8 @@ class MoshiLm(nn.Module):
         tokens = torch.where(time <= delays[None, :], self.delays.initial[None, :], tokens)
         hidden = self.out_norm(self.transformer.prefill(self.embed(tokens[None]), slot))
         last = hidden[:, -1:]
-        text_logits = self.text_linear(last)[:, 0].float()
-        text = sample(text_logits, self.text_sampling, self.generator)
+        text_logits = self.text_linear(last)[:, 0]
+        text = sample(text_logits, self.text_sampling, self.generator, fused=self.fused)
         model_streams = self.delays.model_streams
         delayed = (delays[1:model_streams] > 0)[None, :]
         given = frames[-1:, 1:model_streams]

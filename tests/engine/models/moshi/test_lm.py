@@ -93,7 +93,7 @@ def teacher_forced_text_logits(lm: MoshiLm, tokens: torch.Tensor) -> torch.Tenso
     logits = []
     for t in range(tokens.shape[0]):
         lm.delays.seed(0, t, tokens[t])
-        logits.append(lm.advance()[2][0])
+        logits.append(lm.advance()[2][0].float())
     return torch.stack(logits)
 
 
