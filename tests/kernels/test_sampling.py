@@ -105,7 +105,7 @@ def test_forced_rows_take_the_forced_token_and_others_sample() -> None:
 def test_the_kernel_draws_the_top_k_distribution() -> None:
     """sample in one launch draws each token of the top-k set with its softmax probability:
     counts over many rows within 5 standard deviations, none outside the set."""
-    rows, card = (40000 if DEVICE.type == "cuda" else 3000), 16
+    rows, card = (40000 if DEVICE.type == "cuda" else 500), 16  # the interpreter: ~20 ms a row
     how = Sampling(greedy=False, temperature=1.5, top_k=6)
     base = torch.randn(card, generator=torch.Generator().manual_seed(5))
     logits = base.repeat(rows, 1).to(DEVICE)
