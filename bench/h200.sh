@@ -2,7 +2,7 @@
 # Everything the GPU machine checks and times for a submission, most important first, each step
 # bounded; two sections so that each stays under the device's 10-minute limit per command:
 #
-#   bench/h200.sh OUT [capacity|step|linear|all]     (default all but linear)
+#   bench/h200.sh OUT [capacity|step|sampling|linear|all]     (default all but the last two)
 #
 # capacity: real-clock capacity with every call aged to a full 2-minute context (`cadence
 #   bench engine --full-context`): 300 calls with fp8 KV rings, 152 with bf16, and 1 call
@@ -13,6 +13,9 @@
 #   conformance),
 #   where the tick goes kernel by kernel (bench/tick_kernels.py) and stage by stage
 #   (bench/engine_stages.py, with programmatic dependent launch on and off);
+# sampling: the one-launch sampler (kernels/sampling.py) compiled against its torch rule, the
+#   nine streams of a tick both ways (bench/kernels_sampling.py), the step back to back
+#   sampling as served (top-k) with the kernel and with torch's ops, greedy as before;
 # linear: the few-rows linear's tiles (kernels/fused_linear.py, the swapped tensor-core ones
 #   too) against cuBLAS at the depformer's and the temporal transformer's shapes, and the
 #   depformer stage with each GEMM's best tile (bench/kernels_fused_linear.py); its kernel
@@ -56,6 +59,18 @@ if [[ $section == step || $section == all ]]; then
         --json "$out/tick_kernels_fp8_128.json" 2>&1 | tail -1 | cut -c1-300
     timeout 90 python3 bench/engine_stages.py --slots 1,128 --pdl both \
         --json "$out/engine_stages.json" 2>&1 | tail -2
+fi
+if [[ $section == sampling ]]; then
+    timeout 150 python3 -m pytest -q -m "not interpreter" tests/kernels/test_sampling.py \
+        tests/kernels/test_depformer_program.py -p no:cacheprovider 2>&1 |
+        tee "$out/gpu_tests_sampling.log" | tail -2
+    timeout 90 python3 bench/kernels_sampling.py --slots 1,128,300 \
+        --json "$out/kernels_sampling.json" 2>&1 | tail -3 | cut -c1-400
+    for run in "top_k:--top-k" "top_k_torch:--top-k --torch-sampling" "greedy:"; do
+        # shellcheck disable=SC2086 # the flags after the colon are a list
+        timeout 170 python3 bench/engine_gpu.py --slots 1,128 --steps 40 --full-rings ${run#*:} \
+            --json "$out/engine_gpu_sampling_${run%%:*}.json" 2>&1 | grep cadence | cut -c1-300
+    done
 fi
 if [[ $section == linear ]]; then
     timeout 120 python3 -m pytest -q -x -m "not interpreter" tests/kernels/test_fused_linear.py \
