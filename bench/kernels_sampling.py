@@ -33,7 +33,8 @@ GREEDY = Sampling(greedy=True, temperature=1.0, top_k=1)
 
 def tick_sampling(slots: int, text_how: Sampling, audio_how: Sampling) -> Callable[[], Tensor]:
     device = torch.device("cuda")
-    generator = torch.Generator(device).manual_seed(slots)
+    generator = None  # the default generator: a captured graph advances it by itself
+    torch.manual_seed(slots)
     text_logits = (3 * torch.randn(slots, TEXT_CARD, device=device)).bfloat16()
     audio_logits = (3 * torch.randn(STEPS, slots, CARD, device=device)).bfloat16()
 
