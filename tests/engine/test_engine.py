@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from engine.clock import TickClock
+from engine.clock import TickClock, sleep_until
 from engine.config import EngineConfig
 from engine.control import ControlServer, ask
 from engine.engine import Engine
@@ -52,6 +52,16 @@ def test_slot_table_admits_until_full_and_ignores_stale_closes() -> None:
     table.draining = True
     with pytest.raises(AdmissionRefused, match="draining"):
         table.open("d", owner=3)
+
+
+@pytest.mark.parametrize("spin_ns", [0, 1_000_000, 50_000_000])
+def test_sleep_until_never_returns_before_the_instant(spin_ns: int) -> None:
+    """Sleeping all the way, spinning the last 1 ms, and spinning all of it (the spin
+    longer than the wait)."""
+    for _ in range(5):
+        instant = time.monotonic_ns() + 3_000_000
+        sleep_until(instant, spin_ns)
+        assert time.monotonic_ns() >= instant
 
 
 def test_tick_clock_skips_ticks_that_can_no_longer_be_met() -> None:
