@@ -14,7 +14,10 @@ tick spends in its executor) and the GPU's time between CUDA events recorded aro
 - `sleep_wake`: sleeps, but from `--wake-ms` before the instant queues small kernels until
   it, so the GPU is busy again when the step arrives (bench/results/tick_idle.json was taken
   by a first version that queued ~1 ms of them 3 ms before, leaving the GPU ~2 ms idle, so
-  its `sleep_wake` does not show this; tick_idle_wake.json does).
+  its `sleep_wake` does not show this; tick_idle_wake.json does). Those kernels add 1 to a
+  4 MB tensor: a few multiprocessors, in L2;
+- `sleep_wake_wide`: the same with a 16 MB tensor, every multiprocessor busy, still in L2;
+- `sleep_wake_hbm`: the same with a 1 GB tensor, every multiprocessor and HBM busy.
 
 Where `sleep` is slower than `back_to_back` in GPU time, the GPU itself is slower after
 idling; where only in wall time, the host is.
@@ -39,6 +42,7 @@ from engine.executors.graph import GraphExecutor
 from engine.models.moshi.config import moshiko
 
 PERIOD_S = 0.080
+WAKE_FLOATS = {"sleep_wake_wide": 1 << 22, "sleep_wake_hbm": 1 << 28}
 SAMPLES = 1920
 
 
@@ -52,13 +56,13 @@ def until(instant: float, spin: bool) -> None:
 def run_mode(graph: GraphExecutor, mode: str, steps: int, wake_s: float) -> dict[str, Any]:
     pcm = (np.random.default_rng(0).standard_normal((1, SAMPLES)) * 0.1).astype(np.float32)
     active, reset = np.ones(1, np.bool_), np.zeros(1, np.bool_)
-    wake = torch.zeros(1 << 20, device="cuda")
+    wake = torch.zeros(WAKE_FLOATS.get(mode, 1 << 20), device="cuda")
     wall, gpu = [], []
     start = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call,unused-ignore]
     end = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call,unused-ignore]
     instant = time.perf_counter() + PERIOD_S
     for _ in range(steps):
-        if mode == "sleep_wake":
+        if mode.startswith("sleep_wake"):
             until(instant - wake_s, spin=False)
             while time.perf_counter() < instant:  # small kernels queued up to the instant
                 wake.add_(1.0)
@@ -96,7 +100,8 @@ def main() -> int:
             "model": "moshiko 7B shapes, random weights, bf16, 1 slot, rings full",
             "modes": {},
         }
-        for mode in ("back_to_back", "sleep", "spin", "sleep_wake", "back_to_back"):
+        modes = ("back_to_back", "sleep", "spin", "sleep_wake", "sleep_wake_wide")
+        for mode in (*modes, "sleep_wake_hbm", "back_to_back"):
             key = mode if mode not in result["modes"] else mode + "_again"
             result["modes"][key] = run_mode(graph, mode, args.steps, args.wake_ms / 1e3)
             print(key, result["modes"][key], flush=True)
