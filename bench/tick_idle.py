@@ -1,7 +1,7 @@
 """Why a 1-call tick takes longer on the 80 ms clock than back to back: the graph executor's
 step timed after different idle gaps, on one GPU.
 
-    python bench/tick_idle.py --json OUT.json [--steps 40]
+    python bench/tick_idle.py --json OUT.json [--steps 40] [--modes sleep,presubmit,...]
 
 Cadence's Moshi at 1 slot (bf16, random weights, every ring full), its whole step one CUDA
 graph (engine/executors/graph.py). Each mode runs `steps` steps and reports the host's wall
@@ -17,7 +17,11 @@ tick spends in its executor) and the GPU's time between CUDA events recorded aro
   its `sleep_wake` does not show this; tick_idle_wake.json does). Those kernels add 1 to a
   4 MB tensor: a few multiprocessors, in L2;
 - `sleep_wake_wide`: the same with a 16 MB tensor, every multiprocessor busy, still in L2;
-- `sleep_wake_hbm`: the same with a 1 GB tensor, every multiprocessor and HBM busy.
+- `sleep_wake_hbm`: the same with a 1 GB tensor, every multiprocessor and HBM busy;
+- `presubmit`: the step is queued before the sleep, behind a one-program kernel that polls a
+  flag in pinned host memory (a doorbell); at the instant the host writes the uplink and
+  the flag. Where this is as fast as `back_to_back`, the time lost after a sleep is the
+  host's submitting ~1,000 kernels of the graph while the GPU already runs them.
 
 Where `sleep` is slower than `back_to_back` in GPU time, the GPU itself is slower after
 idling; where only in wall time, the host is.
@@ -35,6 +39,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import numpy as np
 import torch
+import triton  # type: ignore[import-not-found,import-untyped,unused-ignore]
+import triton.language as tl  # type: ignore[import-not-found,import-untyped,unused-ignore]
 from engine_gpu import build, fill_rings  # bench/, this folder
 from gpu_timing import machine  # bench/, this folder
 
@@ -42,6 +48,16 @@ from engine.executors.graph import GraphExecutor
 from engine.models.moshi.config import moshiko
 
 PERIOD_S = 0.080
+MODES = (
+    "back_to_back",
+    "sleep",
+    "spin",
+    "sleep_wake",
+    "sleep_wake_wide",
+    "sleep_wake_hbm",
+    "presubmit",
+    "back_to_back",
+)
 WAKE_FLOATS = {"sleep_wake_wide": 1 << 22, "sleep_wake_hbm": 1 << 28}
 SAMPLES = 1920
 
@@ -51,6 +67,44 @@ def until(instant: float, spin: bool) -> None:
     while (left := instant - time.perf_counter()) > 0:
         if not spin:
             time.sleep(left)
+
+
+@triton.jit  # type: ignore[untyped-decorator,unused-ignore]
+def _doorbell(flag_ptr, value):  # type: ignore[no-untyped-def,unused-ignore]
+    while tl.load(flag_ptr, volatile=True) < value:
+        pass
+
+
+def presubmit_mode(graph: GraphExecutor, steps: int) -> dict[str, Any]:
+    """The `presubmit` mode: GraphExecutor.run's copies and replay, split around the wait
+    (its pinned buffers written at the instant, after the whole step was queued)."""
+    pcm = (np.random.default_rng(0).standard_normal((1, SAMPLES)) * 0.1).astype(np.float32)
+    flag = torch.zeros(1, dtype=torch.int32).pin_memory()
+    wall, gpu = [], []
+    start = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call,unused-ignore]
+    end = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call,unused-ignore]
+    instant = time.perf_counter() + PERIOD_S
+    for step in range(1, steps + 1):
+        _doorbell[(1,)](flag, step)
+        start.record()
+        graph._pcm.copy_(graph._pcm_host, non_blocking=True)
+        graph.graph.replay()
+        graph._pcm_out_host.copy_(graph._out_pcm, non_blocking=True)
+        graph._tokens_out_host.copy_(graph._out_tokens, non_blocking=True)
+        end.record()
+        until(instant, spin=False)
+        t0 = time.perf_counter()
+        graph._pcm_host.numpy()[:] = pcm
+        flag.numpy()[0] = step
+        end.synchronize()
+        wall.append((time.perf_counter() - t0) * 1e3)
+        gpu.append(start.elapsed_time(end))
+        instant += PERIOD_S
+    return {
+        "wall_median_ms": round(statistics.median(wall), 3),
+        "wall_p99_ms": round(sorted(wall)[int(0.99 * (len(wall) - 1))], 3),
+        "gpu_median_ms": round(statistics.median(gpu), 3),
+    }
 
 
 def run_mode(graph: GraphExecutor, mode: str, steps: int, wake_s: float) -> dict[str, Any]:
@@ -88,6 +142,7 @@ def main() -> int:
     parser.add_argument("--json", type=Path)
     parser.add_argument("--steps", type=int, default=40)
     parser.add_argument("--wake-ms", type=float, default=3.0)
+    parser.add_argument("--modes", default=",".join(MODES), help="in this order, repeats allowed")
     args = parser.parse_args()
     torch.backends.cuda.matmul.allow_tf32 = True  # the engine's setting (build_model)
     with torch.no_grad():
@@ -100,10 +155,12 @@ def main() -> int:
             "model": "moshiko 7B shapes, random weights, bf16, 1 slot, rings full",
             "modes": {},
         }
-        modes = ("back_to_back", "sleep", "spin", "sleep_wake", "sleep_wake_wide")
-        for mode in (*modes, "sleep_wake_hbm", "back_to_back"):
+        for mode in args.modes.split(","):
             key = mode if mode not in result["modes"] else mode + "_again"
-            result["modes"][key] = run_mode(graph, mode, args.steps, args.wake_ms / 1e3)
+            if mode == "presubmit":
+                result["modes"][key] = presubmit_mode(graph, args.steps)
+            else:
+                result["modes"][key] = run_mode(graph, mode, args.steps, args.wake_ms / 1e3)
             print(key, result["modes"][key], flush=True)
     if args.json:
         args.json.write_text(json.dumps(result, indent=1))
