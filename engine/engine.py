@@ -170,6 +170,7 @@ class Engine:
         duration_s = (published_ns - release_ns) / 1e9
         self.recent_ticks_s.append(duration_s)
         m.tick_duration.observe(duration_s, self._exemplar(rows) if missed else None)
+        self.executor.arm()  # the next step, queued while the engine waits for its release
         return TickReport(tick, int(rows.size), duration_s, missed)
 
     def _reset_rows(self, reset: np.ndarray[Any, np.dtype[np.bool_]]) -> None:
@@ -289,6 +290,7 @@ class Engine:
             report = self.tick(tick)
             if report.missed:
                 log.warning("tick %d missed its deadline (%.1f ms)", tick, report.duration_s * 1e3)
+        self.executor.close()  # a step armed after the last tick: run out, nothing left queued
 
     def status(self) -> dict[str, Any]:
         ctrl = self.ring.control

@@ -18,6 +18,13 @@ class Executor(Protocol):
 
     def run(self, pcm_in: PcmBatch, reset: Mask, active: Mask) -> StepOutput: ...
 
+    def arm(self) -> None:
+        """Between ticks, once the last one's outputs are published: get the next step
+        ready where the executor can (the graph executor queues it behind a doorbell)."""
+
+    def close(self) -> None:
+        """When the engine stops: leave nothing queued on the device."""
+
 
 EXECUTORS = ("eager", "graph")
 

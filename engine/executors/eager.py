@@ -15,3 +15,9 @@ class EagerExecutor:
 
     def run(self, pcm_in: PcmBatch, reset: Mask, active: Mask) -> StepOutput:
         return self.model.step(pcm_in, reset, active)
+
+    def arm(self) -> None:
+        """Nothing to get ready: each step launches at its tick."""
+
+    def close(self) -> None:
+        """Nothing is ever left queued."""

@@ -2,12 +2,24 @@
 
 Warm up, allocate, capture, replay. Every buffer the step touches is allocated before the
 capture at the configured slot count; per tick the host writes the uplink frames and masks
-into pinned buffers, copies them into the graph's static inputs, replays the graph, copies the
-outputs back, and synchronises once, at the end of the tick. Calls join and leave through the
-masks; nothing is reshaped, allocated or decided on device values inside the tick.
+into pinned buffers, the step copies them into the graph's static inputs, replays the graph
+and copies the outputs back, and the host synchronises once, at the end of the tick. Calls
+join and leave through the masks; nothing is reshaped, allocated or decided on device values
+inside the tick.
 
-What cannot be captured stays outside the graph and runs before it: the model's `prepare`
-(host-decided work, such as replaying a prompt into the rows that start a call).
+The step is queued ahead: `arm` (the engine calls it once a tick's outputs are published)
+submits the next tick's copies, replay and copies back on the executor's own stream, behind
+a doorbell (kernels/doorbell.py); `run` writes the inputs and rings. Submitting the graph's
+~1,000 kernels at the tick instead cost ~0.4 ms at 1 call after the host slept between ticks
+(bench/results/tick_idle_presubmit.json). `run` without `arm` before it arms first (tests,
+warm-up: the step is submitted at the tick, as before). While armed, the executor's stream
+is held: a device-wide synchronize would wait for the ring forever, so nothing between ticks
+may call one; `close` rings once more (all slots masked) and waits, leaving nothing queued.
+
+What cannot be captured stays outside the graph and runs before it, on the current stream:
+the model's `prepare` (host-decided work, such as replaying a prompt into the rows that start
+a call). Where it queued work, the ring is itself queued behind that work (a copy of the
+tick's number into the bell), so the step starts only once that work is done.
 
 `kernels_per_tick` is the number of kernel nodes in the captured graph (graph_nodes.py): what
 one tick launches, reported in the engine's status and by `cadence bench engine`.
@@ -62,6 +74,14 @@ class GraphExecutor:
         self.graph.instantiate()  # now, not on the first live tick
         self._pcm_out_host = torch.zeros_like(self._out_pcm, device="cpu").pin_memory()
         self._tokens_out_host = torch.zeros_like(self._out_tokens, device="cpu").pin_memory()
+        # the armed step: its stream, the bell it waits behind, the tick number it waits for
+        self._stream = torch.cuda.Stream(device)  # type: ignore[no-untyped-call]
+        self._bell = torch.zeros(1, dtype=torch.int64).pin_memory()
+        self._bell_source = torch.zeros(1, dtype=torch.int64, device=device)
+        self._rings = 0
+        self._armed = False
+        self._done = torch.cuda.Event()  # type: ignore[no-untyped-call]
+        self._queued = torch.cuda.Event()  # type: ignore[no-untyped-call]
 
     def _capture(self) -> tuple[Tensor, Tensor]:
         model = self.model
@@ -82,19 +102,56 @@ class GraphExecutor:
         torch.cuda.synchronize()
         return out_pcm, out_tokens
 
+    def arm(self) -> None:
+        """Queue the next step behind the doorbell (module docstring); once per step."""
+        if self._armed:
+            return
+        # imported here: kernels/ needs triton, which CPU-only installs lack
+        from kernels.doorbell import wait_for_bell
+
+        self._rings += 1
+        self._stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(self._stream):
+            wait_for_bell(self._bell, self._rings)
+            self._pcm.copy_(self._pcm_host, non_blocking=True)
+            self._reset.copy_(self._reset_host, non_blocking=True)
+            self._active.copy_(self._active_host, non_blocking=True)
+            self.graph.replay()
+            self._pcm_out_host.copy_(self._out_pcm, non_blocking=True)
+            self._tokens_out_host.copy_(self._out_tokens, non_blocking=True)
+            self._done.record()
+        self._armed = True
+
     @torch.no_grad()
     def run(self, pcm_in: PcmBatch, reset: Mask, active: Mask) -> StepOutput:
         check_step_inputs(self.model, pcm_in, reset, active)
+        self.arm()
         self.model.prepare(reset)
         self._pcm_host.numpy()[:] = pcm_in
         self._reset_host.numpy()[:] = reset
         self._active_host.numpy()[:] = active
-        self._pcm.copy_(self._pcm_host, non_blocking=True)
-        self._reset.copy_(self._reset_host, non_blocking=True)
-        self._active.copy_(self._active_host, non_blocking=True)
-        self.graph.replay()
-        self._pcm_out_host.copy_(self._out_pcm, non_blocking=True)
-        self._tokens_out_host.copy_(self._out_tokens, non_blocking=True)
-        torch.cuda.current_stream().synchronize()  # the tick's one host sync
+        self._ring()
+        self._done.synchronize()  # the tick's one host sync
         # views of the pinned buffers: the engine consumes them before the next tick
         return StepOutput(pcm=self._pcm_out_host.numpy(), tokens=self._tokens_out_host.numpy())
+
+    def close(self) -> None:
+        """Run out an armed step with every slot masked, so no kernel is left waiting."""
+        if not self._armed:
+            return
+        self._reset_host.numpy()[:] = False
+        self._active_host.numpy()[:] = False
+        self._ring()
+        self._done.synchronize()
+
+    def _ring(self) -> None:
+        """Let the armed step start: from the host, or behind the current stream's work where
+        some is still queued (a prompt replay, say)."""
+        stream = torch.cuda.current_stream()
+        self._queued.record(stream)
+        if self._queued.query():  # type: ignore[no-untyped-call]
+            self._bell.numpy()[0] = self._rings
+        else:
+            self._bell_source.fill_(self._rings)
+            self._bell.copy_(self._bell_source, non_blocking=True)
+        self._armed = False

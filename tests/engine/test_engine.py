@@ -194,10 +194,12 @@ def test_ticks_skipped_while_a_call_is_live_are_in_its_miss_ratio_denominator(
 
 
 class StopsDuringWarmUp:
-    """An executor whose `at`-th step is when SIGTERM arrives (engine/main.py sets the event)."""
+    """An executor whose `at`-th step is when SIGTERM arrives (engine/main.py sets the event);
+    it records the engine's calls in order."""
 
     def __init__(self, inner: Executor, stop: threading.Event, at: int) -> None:
         self.inner, self.stop, self.at, self.steps = inner, stop, at, 0
+        self.calls: list[str] = []
 
     @property
     def name(self) -> str:
@@ -213,9 +215,16 @@ class StopsDuringWarmUp:
 
     def run(self, pcm_in: PcmBatch, reset: Mask, active: Mask) -> StepOutput:
         self.steps += 1
+        self.calls.append("run")
         if self.steps == self.at:
             self.stop.set()
         return self.inner.run(pcm_in, reset, active)
+
+    def arm(self) -> None:
+        self.calls.append("arm")
+
+    def close(self) -> None:
+        self.calls.append("close")
 
 
 @pytest.mark.parametrize("at", [1, 3])
@@ -253,6 +262,23 @@ def test_a_stop_during_warm_up_ends_the_engine_without_it_ever_being_ready(
         "engine stopped during warm-up, before it was ready"
     ]
     assert not any("ready:" in line for line in lines), lines
+    assert executor.calls == ["run"] * at  # warm-up steps are not armed ahead
+
+
+def test_each_tick_arms_the_next_step_and_a_stop_closes_the_executor(
+    rig: tuple[Engine, ControlServer, Path],
+) -> None:
+    """The engine arms its executor after every tick, once the tick's outputs are out, and
+    closes it when the loop ends: a graph executor's armed step is run out, not left
+    waiting on the device."""
+    stop = threading.Event()
+    ticks = 3
+    # the stop comes in the last tick's step: that tick still arms, then the loop closes
+    executor = StopsDuringWarmUp(build_executor("eager", EchoModel(4)), stop, 3 + ticks)
+    engine = Engine(executor, rig[0].ring, SlotTable(4), EngineMetrics(), PERIOD_NS)
+    engine.run(stop)
+    assert engine.ticks_run == ticks
+    assert executor.calls == ["run"] * 3 + ["run", "arm"] * ticks + ["close"]
 
 
 # `cadence engine` whose model load takes 60 s: it says so on stderr first, then sleeps

@@ -1,5 +1,7 @@
 """The graph executor gives the eager executor's tokens and audio (CUDA only)."""
 
+import threading
+
 import numpy as np
 import pytest
 
@@ -27,15 +29,29 @@ def _model(greedy: bool) -> MoshiModel:
     return model
 
 
-@pytest.mark.parametrize(("greedy", "split_tiles"), [(True, False), (False, False), (True, True)])
+@pytest.mark.parametrize(
+    ("greedy", "split_tiles", "armed", "prompt"),
+    [
+        (True, False, False, False),
+        (False, False, False, False),
+        (True, True, False, False),
+        (True, False, True, False),  # each step queued ahead behind the doorbell
+        (False, False, True, True),  # and a prompt replayed into each joining call first
+    ],
+)
 def test_graph_replays_match_eager_steps_with_calls_joining_and_leaving(
-    greedy: bool, split_tiles: bool, monkeypatch: pytest.MonkeyPatch
+    greedy: bool, split_tiles: bool, armed: bool, prompt: bool, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     if split_tiles:  # every few-rows linear on the swapped, split tiles (the 7B's temporal)
         from kernels import fused_linear
 
         monkeypatch.setattr(fused_linear, "SWAP_K", 1)
     eager_model, graph_model = _model(greedy), _model(greedy)
+    if prompt:
+        lm = eager_model.config.lm
+        frames = torch.randint(0, min(lm.card, lm.text_card), (6, lm.num_streams))
+        for model in (eager_model, graph_model):
+            model.set_prompt(frames)
     eager = EagerExecutor(eager_model)
     graph = GraphExecutor(graph_model)
     # the graph executor's warm-up advanced its generator; start both from the same state
@@ -57,6 +73,40 @@ def test_graph_replays_match_eager_steps_with_calls_joining_and_leaving(
         got = graph.run(pcm, reset, active)
         np.testing.assert_array_equal(got.tokens, want.tokens, err_msg=f"step {step}")
         np.testing.assert_allclose(got.pcm, want.pcm, atol=1e-5, err_msg=f"step {step}")
+        if armed:
+            graph.arm()
+    graph.close()
+    assert _synchronizes(), "a step was left waiting on the device"
+
+
+def _synchronizes(timeout_s: float = 10.0) -> bool:
+    """Whether a device-wide synchronize returns (an armed step never rung never does)."""
+    done = threading.Event()
+
+    def synchronize() -> None:
+        torch.cuda.synchronize()
+        done.set()
+
+    threading.Thread(target=synchronize, daemon=True).start()
+    return done.wait(timeout_s)
+
+
+def test_an_armed_step_waits_for_its_ring_and_close_runs_it_out() -> None:
+    model = _model(greedy=True)
+    graph = GraphExecutor(model)
+    silence = np.zeros((SLOTS, 1920), np.float32)
+    every = np.ones(SLOTS, np.bool_)
+    graph.run(silence, every, every)
+    graph.arm()
+    graph.arm()  # once per step: a second call queues nothing more
+    assert not _synchronizes(0.3), "the armed step ran before its ring"
+    first = graph.run(silence, ~every, every).tokens.copy()
+    assert _synchronizes()
+    graph.arm()
+    graph.close()
+    assert _synchronizes()
+    graph.close()  # nothing armed: nothing to do
+    assert first.shape == (SLOTS, model.frame.tokens)
 
 
 def test_kernels_per_tick_counts_the_kernels_one_step_launches() -> None:

@@ -74,6 +74,12 @@ class FaultingExecutor:
     def run(self, pcm_in: PcmBatch, reset: Mask, active: Mask) -> StepOutput:
         raise RuntimeError("device fault")
 
+    def arm(self) -> None:
+        raise AssertionError("never armed: no step ever completed")
+
+    def close(self) -> None:
+        raise AssertionError("never closed: the engine ends on the step's error")
+
 
 def test_a_step_that_raises_is_over_not_hung() -> None:
     """The error ends the engine through its own exit path; the watchdog must not also fire

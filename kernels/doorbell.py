@@ -1,0 +1,37 @@
+"""A doorbell: a one-program kernel that holds its stream until the host rings.
+
+The graph executor queues each tick's step between ticks, behind this kernel, which polls an
+int64 in pinned host memory until it reaches the tick's number. At the tick the host writes
+the uplink into pinned buffers, then the bell; the step was submitted long before, so the
+GPU starts it within microseconds. Submitting the ~1,000 kernels of a 1-call step at the tick
+instead cost ~0.4 ms after the host had slept (the GPU ran them faster than the host queued
+them): one H200, `python3 bench/tick_idle.py --modes back_to_back,sleep,presubmit,...`,
+bench/results/tick_idle_presubmit.json.
+
+While it polls, the program holds one multiprocessor, and its stream cannot run anything
+else: work that must precede the step goes on another stream (see GraphExecutor).
+"""
+
+import torch
+import triton  # type: ignore[import-not-found,import-untyped,unused-ignore]
+import triton.language as tl  # type: ignore[import-not-found,import-untyped,unused-ignore]
+from torch import Tensor
+
+__all__ = ["wait_for_bell"]
+
+
+# `value` grows by one a tick: unspecialized, or every 16th tick would compile anew
+@triton.jit(do_not_specialize=["value"])  # type: ignore[untyped-decorator,unused-ignore]
+def _wait_kernel(bell_ptr, value):  # type: ignore[no-untyped-def,unused-ignore]
+    while tl.load(bell_ptr, volatile=True) < value:
+        pass
+
+
+def wait_for_bell(bell: Tensor, value: int) -> None:
+    """Queue on the current stream a wait until bell (int64 [1], pinned host memory) holds
+    at least `value`."""
+    assert bell.device.type == "cpu", "the bell lives in host memory"
+    assert bell.is_pinned(), "the bell must be pinned: the GPU reads it over the bus"
+    assert bell.dtype == torch.int64, bell.dtype
+    assert bell.numel() == 1, bell.shape
+    _wait_kernel[(1,)](bell, value, num_warps=1)

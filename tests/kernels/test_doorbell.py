@@ -1,0 +1,49 @@
+"""The doorbell holds its stream until the host rings (the graph executor's armed step)."""
+
+import threading
+import time
+
+import pytest
+
+pytest.importorskip("torch")
+
+import torch
+
+pytest.importorskip("triton", reason="triton is not installed (CPU torch does not bring it)")
+
+from kernels.doorbell import wait_for_bell
+
+gpu = pytest.mark.gpu
+needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+
+
+def test_a_bell_the_gpu_cannot_read_is_refused() -> None:
+    with pytest.raises(AssertionError, match="pinned"):
+        wait_for_bell(torch.zeros(1, dtype=torch.int64), 1)
+    if torch.cuda.is_available():
+        with pytest.raises(AssertionError, match="host memory"):
+            wait_for_bell(torch.zeros(1, dtype=torch.int64, device="cuda"), 1)
+
+
+@gpu
+@needs_cuda
+def test_the_stream_waits_for_the_ring_and_only_for_it() -> None:
+    bell = torch.zeros(1, dtype=torch.int64).pin_memory()
+    stream = torch.cuda.Stream()  # type: ignore[no-untyped-call]
+    after = torch.zeros(1, device="cuda")
+    for value in (1, 2, 17, 32):  # values that Triton would otherwise specialise on
+        with torch.cuda.stream(stream):
+            wait_for_bell(bell, value)
+            after.add_(1.0)
+            done = torch.cuda.Event()  # type: ignore[no-untyped-call]
+            done.record()
+        time.sleep(0.05)
+        assert not done.query(), "the stream ran past an unrung bell"  # type: ignore[no-untyped-call]
+        ring = threading.Timer(0.05, lambda v=value: bell.numpy().__setitem__(0, v))
+        ring.start()
+        done.synchronize()
+        ring.join()
+    assert float(after.item()) == 4.0
+    with torch.cuda.stream(stream):  # a bell already past the value: no wait at all
+        wait_for_bell(bell, 3)
+    stream.synchronize()
