@@ -8,18 +8,20 @@ join and leave through the masks; nothing is reshaped, allocated or decided on d
 inside the tick.
 
 The step is queued ahead: `arm` (the engine calls it once a tick's outputs are published)
-submits the next tick's copies, replay and copies back on the executor's own stream, behind
-a doorbell (kernels/doorbell.py); `run` writes the inputs and rings. Submitting the graph's
-~1,000 kernels at the tick instead cost ~0.4 ms at 1 call after the host slept between ticks
-(bench/results/tick_idle_presubmit.json). `run` without `arm` before it arms first (tests,
-warm-up: the step is submitted at the tick, as before). While armed, the executor's stream
-is held: a device-wide synchronize would wait for the ring forever, so nothing between ticks
-may call one; `close` rings once more (all slots masked) and waits, leaving nothing queued.
+submits the next tick's copies in, replay and copies out behind a doorbell
+(kernels/doorbell.py) on the current stream; `run` writes the inputs into the pinned buffers
+and rings. Submitting the graph's ~1,000 kernels at the tick instead cost ~0.4 ms at 1 call
+after the host slept between ticks (bench/results/tick_idle_presubmit.json). `run` without
+`arm` before it submits at the tick (tests, the warm-up). While armed, the stream is held
+until the ring: work queued on it between ticks runs after the armed step, and a host sync
+on it (a pageable copy, a synchronize) would wait for the ring forever; the engine queues
+nothing between ticks, its watchdog ends a step that never finishes, and `close` runs an
+armed step out (every slot masked) when the engine stops.
 
-What cannot be captured stays outside the graph and runs before it, on the current stream:
-the model's `prepare` (host-decided work, such as replaying a prompt into the rows that start
-a call). Where it queued work, the ring is itself queued behind that work (a copy of the
-tick's number into the bell), so the step starts only once that work is done.
+What cannot be captured runs before the graph, on the current stream: the model's
+`prepare` (host-decided work, such as replaying a prompt into the rows that start a call).
+A model whose `prepare` may queue work (one with a prompt) is never armed: its step is
+submitted at the tick, after that work.
 
 `kernels_per_tick` is the number of kernel nodes in the captured graph (graph_nodes.py): what
 one tick launches, reported in the engine's status and by `cadence bench engine`.
@@ -48,6 +50,10 @@ class DeviceStepModel(Model, Protocol):
 
     def prepare(self, reset: Mask) -> None: ...
 
+    @property
+    def prepare_queues_work(self) -> bool:
+        """Whether `prepare` may queue device work at some tick (then no step is armed)."""
+
     def device_step(self, pcm: Tensor, reset: Tensor, active: Tensor) -> tuple[Tensor, Tensor]: ...
 
 
@@ -74,14 +80,11 @@ class GraphExecutor:
         self.graph.instantiate()  # now, not on the first live tick
         self._pcm_out_host = torch.zeros_like(self._out_pcm, device="cpu").pin_memory()
         self._tokens_out_host = torch.zeros_like(self._out_tokens, device="cpu").pin_memory()
-        # the armed step: its stream, the bell it waits behind, the tick number it waits for
-        self._stream = torch.cuda.Stream(device)  # type: ignore[no-untyped-call]
+        # the armed step: the bell it waits behind (polled by the GPU), the value it waits for
         self._bell = torch.zeros(1, dtype=torch.int64).pin_memory()
-        self._bell_source = torch.zeros(1, dtype=torch.int64, device=device)
         self._rings = 0
         self._armed = False
         self._done = torch.cuda.Event()  # type: ignore[no-untyped-call]
-        self._queued = torch.cuda.Event()  # type: ignore[no-untyped-call]
 
     def _capture(self) -> tuple[Tensor, Tensor]:
         model = self.model
@@ -103,34 +106,30 @@ class GraphExecutor:
         return out_pcm, out_tokens
 
     def arm(self) -> None:
-        """Queue the next step behind the doorbell (module docstring); once per step."""
-        if self._armed:
+        """Queue the next step behind the doorbell (module docstring); once per step, never
+        for a model whose `prepare` may queue work."""
+        if self._armed or self.model.prepare_queues_work:
             return
         # imported here: kernels/ needs triton, which CPU-only installs lack
         from kernels.doorbell import wait_for_bell
 
         self._rings += 1
-        self._stream.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(self._stream):
-            wait_for_bell(self._bell, self._rings)
-            self._pcm.copy_(self._pcm_host, non_blocking=True)
-            self._reset.copy_(self._reset_host, non_blocking=True)
-            self._active.copy_(self._active_host, non_blocking=True)
-            self.graph.replay()
-            self._pcm_out_host.copy_(self._out_pcm, non_blocking=True)
-            self._tokens_out_host.copy_(self._out_tokens, non_blocking=True)
-            self._done.record()
+        wait_for_bell(self._bell, self._rings)
+        self._submit()
         self._armed = True
 
     @torch.no_grad()
     def run(self, pcm_in: PcmBatch, reset: Mask, active: Mask) -> StepOutput:
         check_step_inputs(self.model, pcm_in, reset, active)
-        self.arm()
-        self.model.prepare(reset)
+        if not self._armed:  # an armed model's prepare queues nothing (see arm)
+            self.model.prepare(reset)
         self._pcm_host.numpy()[:] = pcm_in
         self._reset_host.numpy()[:] = reset
         self._active_host.numpy()[:] = active
-        self._ring()
+        if self._armed:
+            self._ring()
+        else:
+            self._submit()
         self._done.synchronize()  # the tick's one host sync
         # views of the pinned buffers: the engine consumes them before the next tick
         return StepOutput(pcm=self._pcm_out_host.numpy(), tokens=self._tokens_out_host.numpy())
@@ -144,14 +143,17 @@ class GraphExecutor:
         self._ring()
         self._done.synchronize()
 
+    def _submit(self) -> None:
+        """Queue the copies in, the replay and the copies out on the current stream."""
+        self._pcm.copy_(self._pcm_host, non_blocking=True)
+        self._reset.copy_(self._reset_host, non_blocking=True)
+        self._active.copy_(self._active_host, non_blocking=True)
+        self.graph.replay()
+        self._pcm_out_host.copy_(self._out_pcm, non_blocking=True)
+        self._tokens_out_host.copy_(self._out_tokens, non_blocking=True)
+        self._done.record()
+
     def _ring(self) -> None:
-        """Let the armed step start: from the host, or behind the current stream's work where
-        some is still queued (a prompt replay, say)."""
-        stream = torch.cuda.current_stream()
-        self._queued.record(stream)
-        if self._queued.query():  # type: ignore[no-untyped-call]
-            self._bell.numpy()[0] = self._rings
-        else:
-            self._bell_source.fill_(self._rings)
-            self._bell.copy_(self._bell_source, non_blocking=True)
+        # the inputs are written first: x86 stores reach the bus in program order
+        self._bell.numpy()[0] = self._rings
         self._armed = False

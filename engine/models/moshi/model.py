@@ -161,6 +161,11 @@ class MoshiModel:
         )
         return StepOutput(pcm=out_pcm.cpu().numpy(), tokens=tokens.cpu().numpy())
 
+    @property
+    def prepare_queues_work(self) -> bool:
+        """Only a prompt to replay makes `prepare` queue device work."""
+        return self._prompt is not None
+
     @torch.no_grad()
     def prepare(self, reset: Mask) -> None:
         """The host-decided part of a step, run before `device_step` (and outside any graph):
@@ -175,7 +180,11 @@ class MoshiModel:
         """Benchmarks only (AgeableModel): move the rows' temporal and Mimi transformer
         positions one whole context on, so every ring entry counts as written and attention
         reads all of it, as it does two minutes into a call."""
-        mask = torch.from_numpy(rows).to(self.device)
+        # pinned and asynchronous: a graph executor's armed step may hold the stream, and a
+        # pageable copy would wait for it (the ageing then takes effect from the next step)
+        mask = torch.from_numpy(rows)
+        if self.device.type == "cuda":
+            mask = mask.pin_memory().to(self.device, non_blocking=True)
         for transformer in (
             self.lm.transformer,
             self.mimi.encoder_transformer,
