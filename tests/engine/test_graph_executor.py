@@ -1,6 +1,7 @@
 """The graph executor gives the eager executor's tokens and audio (CUDA only)."""
 
 import threading
+from collections.abc import Iterator
 
 import numpy as np
 import pytest
@@ -9,6 +10,7 @@ torch = pytest.importorskip("torch")
 
 from engine.executors.eager import EagerExecutor  # noqa: E402
 from engine.executors.graph import GraphExecutor  # noqa: E402
+from engine.models.base import Mask, PcmBatch  # noqa: E402
 from engine.models.moshi.config import load_config  # noqa: E402
 from engine.models.moshi.model import MoshiModel, build_moshi  # noqa: E402
 
@@ -58,18 +60,11 @@ def test_graph_replays_match_eager_steps_with_calls_joining_and_leaving(
     for model in (eager_model, graph_model):
         assert model.generator is not None
         model.generator.manual_seed(11)
-    rng = np.random.default_rng(0)
-    active = np.zeros(SLOTS, np.bool_)
-    joins = {0: [0, 1], 7: [2], 15: [3], 23: [1]}  # slot 1 leaves at 20 and a new call rejoins
-    leaves = {20: [1], 31: [0]}
-    for step in range(STEPS):
-        reset = np.zeros(SLOTS, np.bool_)
-        for slot in joins.get(step, []):
-            reset[slot] = active[slot] = True
-        for slot in leaves.get(step, []):
-            active[slot] = False
-        pcm = (rng.standard_normal((SLOTS, 1920)) * 0.1).astype(np.float32)
-        want = eager.run(pcm, reset, active)
+    steps = list(_calls_joining_and_leaving())
+    # every eager step first: an armed step holds the stream until its ring, and the eager
+    # step's copy back to the host would wait behind it (only the engine runs between rings)
+    wanted = [eager.run(pcm, reset, active) for pcm, reset, active in steps]
+    for step, ((pcm, reset, active), want) in enumerate(zip(steps, wanted, strict=True)):
         got = graph.run(pcm, reset, active)
         np.testing.assert_array_equal(got.tokens, want.tokens, err_msg=f"step {step}")
         np.testing.assert_allclose(got.pcm, want.pcm, atol=1e-5, err_msg=f"step {step}")
@@ -77,6 +72,21 @@ def test_graph_replays_match_eager_steps_with_calls_joining_and_leaving(
             graph.arm()
     graph.close()
     assert _synchronizes(), "a step was left waiting on the device"
+
+
+def _calls_joining_and_leaving() -> Iterator[tuple[PcmBatch, Mask, Mask]]:
+    """STEPS steps of inputs: slot 1 leaves at 20 and a new call rejoins it at 23."""
+    rng = np.random.default_rng(0)
+    active = np.zeros(SLOTS, np.bool_)
+    joins = {0: [0, 1], 7: [2], 15: [3], 23: [1]}
+    leaves = {20: [1], 31: [0]}
+    for step in range(STEPS):
+        reset = np.zeros(SLOTS, np.bool_)
+        for slot in joins.get(step, []):
+            reset[slot] = active[slot] = True
+        for slot in leaves.get(step, []):
+            active[slot] = False
+        yield (rng.standard_normal((SLOTS, 1920)) * 0.1).astype(np.float32), reset, active.copy()
 
 
 def _synchronizes(timeout_s: float = 10.0) -> bool:
