@@ -7,6 +7,7 @@ runs on the main thread on absolute deadlines; admission happens on the control 
 reaches the tick only through the slot table's snapshot.
 """
 
+import contextlib
 import logging
 import threading
 import time
@@ -230,7 +231,8 @@ class Engine:
 
     def age(self) -> None:
         """Test hook (control thread): before the next step, age every live call's context to
-        full (see AgeableModel); refused for a model that cannot."""
+        full (see AgeableModel; behind a step already armed, so from the step after it);
+        refused for a model that cannot."""
         if not isinstance(self.executor.model, AgeableModel):
             raise ValueError(f"the {self.executor.model.name} model has no contexts to age")
         self.age_next_tick = True
@@ -265,6 +267,11 @@ class Engine:
             if stop is not None and stop.is_set():
                 return False
             self.executor.run(silence, every if i == 0 else ~every, every)
+        if stop is not None and stop.is_set():
+            return False
+        # arming once loads what arming needs (the graph executor's doorbell kernel) now
+        self.executor.arm()
+        self.executor.close()
         log.info("warmed up in %.0f ms (%d steps)", (time.perf_counter() - t0) * 1e3, steps)
         return True
 
@@ -281,15 +288,23 @@ class Engine:
         self.table.accepting = True
         log.info("engine ready: %d slots, tick %.1f ms", self.table.capacity, self.period_ns / 1e6)
         tick = -1
-        while not stop.is_set():
-            tick, skipped = self.clock.next_tick(tick, time.monotonic_ns())
-            if skipped:
-                log.warning("engine fell behind: skipped %d ticks", skipped)
-                self._skip(skipped)
-            sleep_until(self.clock.release_ns(tick))
-            report = self.tick(tick)
-            if report.missed:
-                log.warning("tick %d missed its deadline (%.1f ms)", tick, report.duration_s * 1e3)
+        try:
+            while not stop.is_set():
+                tick, skipped = self.clock.next_tick(tick, time.monotonic_ns())
+                if skipped:
+                    log.warning("engine fell behind: skipped %d ticks", skipped)
+                    self._skip(skipped)
+                sleep_until(self.clock.release_ns(tick))
+                report = self.tick(tick)
+                if report.missed:
+                    ms = report.duration_s * 1e3
+                    log.warning("tick %d missed its deadline (%.1f ms)", tick, ms)
+        except BaseException:
+            # a step armed after the last tick must not stay queued; the error is the one
+            # to report, not one the device gives back while the step runs out
+            with contextlib.suppress(Exception):
+                self.executor.close()
+            raise
         self.executor.close()  # a step armed after the last tick: run out, nothing left queued
 
     def status(self) -> dict[str, Any]:

@@ -9,9 +9,10 @@ The rule is engine/models/moshi/sampling.py's (`choose`, the torch reference), p
              probability)
     forced   where forced_mask is set, the forced token instead
 
-torch runs that as ~10 launches per sampled stream (float, softmax, topk, the race, the
-gather, the forcing), nine streams a tick (text, then 8 depth steps, each waiting on the one
-before). Here each stream is one program per row, after one launch that draws its noise.
+torch runs that as ~14 launches per sampled stream (float, softmax, topk, the race, the
+gather, the forcing: 131 for a tick's nine in bench/kernels_sampling.py), nine streams a tick
+(text, then 8 depth steps, each waiting on the one before). Here each stream is one program
+per row, after one launch that draws its noise.
 
 The k-th largest logit is found exactly and without a sort. Logits map to unsigned keys in
 the same order (the IEEE bits; a negative value's bits flipped, a positive value's sign bit
@@ -20,6 +21,7 @@ k keys are at or above the threshold. A bf16 logit has 16 significant bits, so 1
 over the row; an fp32 one takes 32. Keys equal to the threshold are all in the set: where
 the k-th and (k+1)-th logits are equal the set holds more than k, where torch.topk would
 keep k of them (an exact tie; not seen with real logits, whose top values are distinct).
+Logits must be finite: +inf and NaN are not ordered as torch orders them.
 
 Predicted before measuring (H200): ~3 us a stream at 1 call against ~25 us for the torch ops
 (one text row of 32000 in 16 rounds, 8 audio rows of 2048), ~0.2 ms less per tick.
@@ -41,8 +43,8 @@ from kernels.dependent_launch import dependent, wait_for_inputs
 __all__ = ["choose", "sample_tokens"]
 
 SIGN = tl.constexpr(-(2**31))  # int32 with only the sign bit set
-# a row's block width -> warps (wider rows: 16). The text's 32768 spill 40 bytes of registers
-# a thread at 16 warps on sm_90 (Triton 3.6), 120 at 32, 272 at 8
+# a row's block width -> warps (wider rows: 16). The text's 32768 spill 48 bytes of registers
+# a thread at 16 warps on sm_90 (Triton 3.6), 128 at 32, 152 at 8
 ROW_WARPS = ((2048, 4), (8192, 8))
 
 
@@ -107,7 +109,7 @@ def _sample_kernel(  # type: ignore[no-untyped-def,unused-ignore]
             bit = bit >> 1
         # max(l / T) = max(l) / T: dividing by T > 0 keeps the order, rounding included
         peak = _value(tl.max(key, axis=0)) / temperature
-        top = key >= kth  # lanes past the vocabulary hold -inf, below any finite logit
+        top = (key >= kth) & inside  # kth is -inf, the padding's, where < k logits exceed it
         race = tl.load(noise_ptr + row * noise_stride + cols, mask=top, other=1.0)
         score = tl.where(top, tl.exp(_value(key) / temperature - peak) / race, -1.0)
         token = tl.argmax(score, axis=0, tie_break_left=True).to(tl.int64)

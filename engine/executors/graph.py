@@ -13,10 +13,11 @@ submits the next tick's copies in, replay and copies out behind a doorbell
 and rings. Submitting the graph's ~1,000 kernels at the tick instead cost ~0.4 ms at 1 call
 after the host slept between ticks (bench/results/tick_idle_presubmit.json). `run` without
 `arm` before it submits at the tick (tests, the warm-up). While armed, the stream is held
-until the ring: work queued on it between ticks runs after the armed step, and a host sync
-on it (a pageable copy, a synchronize) would wait for the ring forever; the engine queues
-nothing between ticks, its watchdog ends a step that never finishes, and `close` runs an
-armed step out (every slot masked) when the engine stops.
+until the ring: work queued on it between ticks runs after the armed step (the engine's
+only such work is the benchmarks' age hook, which so takes effect a step later), and a host
+sync on it (a pageable copy, a synchronize) would wait for the ring forever; the engine's
+watchdog ends a step that never finishes, and `close` runs an armed step out (every slot
+masked) when the engine stops, also on an error. Only on x86-64 hosts (ARMS_AHEAD).
 
 What cannot be captured runs before the graph, on the current stream: the model's
 `prepare` (host-decided work, such as replaying a prompt into the rows that start a call).
@@ -27,6 +28,7 @@ submitted at the tick, after that work.
 one tick launches, reported in the engine's status and by `cadence bench engine`.
 """
 
+import platform
 from typing import Protocol, runtime_checkable
 
 import torch
@@ -36,6 +38,10 @@ from engine.executors.graph_nodes import count_kernel_nodes
 from engine.models.base import Mask, Model, PcmBatch, StepOutput, check_step_inputs
 
 WARMUP_STEPS = 3
+# The ring relies on the host's stores reaching the bus in program order (the inputs, then
+# the bell), which x86-64 guarantees; elsewhere (an Arm host: Grace) each step is submitted at
+# its tick instead, until the bell's store is fenced.
+ARMS_AHEAD = platform.machine() in ("x86_64", "AMD64")
 
 
 @runtime_checkable
@@ -108,15 +114,15 @@ class GraphExecutor:
     def arm(self) -> None:
         """Queue the next step behind the doorbell (module docstring); once per step, never
         for a model whose `prepare` may queue work."""
-        if self._armed or self.model.prepare_queues_work:
+        if self._armed or self.model.prepare_queues_work or not ARMS_AHEAD:
             return
         # imported here: kernels/ needs triton, which CPU-only installs lack
         from kernels.doorbell import wait_for_bell
 
         self._rings += 1
         wait_for_bell(self._bell, self._rings)
+        self._armed = True  # from here the bell must be rung, even if the submit fails
         self._submit()
-        self._armed = True
 
     @torch.no_grad()
     def run(self, pcm_in: PcmBatch, reset: Mask, active: Mask) -> StepOutput:
@@ -154,6 +160,6 @@ class GraphExecutor:
         self._done.record()
 
     def _ring(self) -> None:
-        # the inputs are written first: x86 stores reach the bus in program order
+        # the inputs are written first, and reach the bus first (x86-64: see ARMS_AHEAD)
         self._bell.numpy()[0] = self._rings
         self._armed = False

@@ -278,7 +278,31 @@ def test_each_tick_arms_the_next_step_and_a_stop_closes_the_executor(
     engine = Engine(executor, rig[0].ring, SlotTable(4), EngineMetrics(), PERIOD_NS)
     engine.run(stop)
     assert engine.ticks_run == ticks
-    assert executor.calls == ["run"] * 3 + ["run", "arm"] * ticks + ["close"]
+    # the warm-up arms once and closes (loading what arming needs) before the first tick
+    warm_up = ["run"] * 3 + ["arm", "close"]
+    assert executor.calls == warm_up + ["run", "arm"] * ticks + ["close"]
+
+
+class FailsAtStep(StopsDuringWarmUp):
+    """The `at`-th step raises, as a device fault surfaces in torch."""
+
+    def run(self, pcm_in: PcmBatch, reset: Mask, active: Mask) -> StepOutput:
+        if self.steps + 1 == self.at:
+            self.calls.append("run")
+            raise RuntimeError("device fault")
+        return super().run(pcm_in, reset, active)
+
+
+def test_an_error_in_the_loop_still_closes_the_executor(
+    rig: tuple[Engine, ControlServer, Path],
+) -> None:
+    """A tick whose step raises leaves no armed step queued: the loop closes the executor on
+    its way out, and the step's error is the one that surfaces."""
+    executor = FailsAtStep(build_executor("eager", EchoModel(4)), threading.Event(), 3 + 2)
+    engine = Engine(executor, rig[0].ring, SlotTable(4), EngineMetrics(), PERIOD_NS)
+    with pytest.raises(RuntimeError, match="device fault"):
+        engine.run(threading.Event())
+    assert executor.calls == ["run"] * 3 + ["arm", "close"] + ["run", "arm", "run", "close"]
 
 
 # `cadence engine` whose model load takes 60 s: it says so on stderr first, then sleeps

@@ -38,7 +38,8 @@ def _model(greedy: bool) -> MoshiModel:
         (False, False, False, False),
         (True, True, False, False),
         (True, False, True, False),  # each step queued ahead behind the doorbell
-        (False, False, True, True),  # and a prompt replayed into each joining call first
+        (False, False, True, False),  # the same, sampling
+        (False, False, True, True),  # a prompt to replay: never armed, submitted at the tick
     ],
 )
 def test_graph_replays_match_eager_steps_with_calls_joining_and_leaving(
@@ -116,6 +117,10 @@ def test_an_armed_step_waits_for_its_ring_and_close_runs_it_out() -> None:
     graph.close()
     assert _synchronizes()
     graph.close()  # nothing armed: nothing to do
+    lm = model.config.lm
+    model.set_prompt(torch.randint(0, min(lm.card, lm.text_card), (3, lm.num_streams)))
+    graph.arm()  # a prompt to replay at a join: the step is submitted at its tick instead
+    assert _synchronizes(), "a model with a prompt was armed"
     assert first.shape == (SLOTS, model.frame.tokens)
 
 
