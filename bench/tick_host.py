@@ -12,7 +12,6 @@ each tick, as the engine does between ticks at one call; `back_to_back` does not
 
 import argparse
 import json
-import platform
 import sys
 import time
 from pathlib import Path
@@ -22,6 +21,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import numpy as np
 
+from cadence.bench import versions
 from engine.clock import TickClock
 from engine.engine import Engine
 from engine.executors import build_executor
@@ -73,10 +73,7 @@ def main() -> int:
     args = parser.parse_args()
     result: dict[str, Any] = {
         "command": " ".join(sys.argv),
-        "machine": {
-            "cpu": platform.processor() or platform.machine(),
-            "python": sys.version.split()[0],
-        },
+        "machine": versions(),
         "phases": list(PHASES),
         "rows": [],
     }

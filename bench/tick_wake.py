@@ -10,7 +10,6 @@ duration counts from its release, so this lateness is part of every tick.
 
 import argparse
 import json
-import platform
 import statistics
 import sys
 import time
@@ -19,6 +18,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from cadence.bench import versions
 from engine.clock import SPIN_NS, sleep_until
 
 AHEAD_NS = 20_000_000
@@ -45,10 +45,7 @@ def main() -> int:
     args = parser.parse_args()
     result: dict[str, Any] = {
         "command": " ".join(sys.argv),
-        "machine": {
-            "cpu": platform.processor() or platform.machine(),
-            "python": sys.version.split()[0],
-        },
+        "machine": versions(),
         "sleep": lateness_us(0, args.waits),
         f"spin_last_{SPIN_NS // 1000}_us": lateness_us(SPIN_NS, args.waits),
     }

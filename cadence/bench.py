@@ -47,7 +47,8 @@ AGE_AFTER_S = 0.5  # after the last open, before aging: several ticks, so every 
 INTERRUPTED = 130  # Ctrl-C or SIGTERM: the runs so far are reported, marked interrupted
 
 
-def _versions() -> dict[str, str]:
+def versions() -> dict[str, str]:
+    """The machine a benchmark ran on: Python, platform, and torch and the GPU where present."""
     found = {"python": platform.python_version(), "platform": platform.platform()}
     try:
         import torch
@@ -70,7 +71,7 @@ def bench_engine(args: argparse.Namespace, engine_argv: Callable[[int], list[str
         check_writable(args.json)  # before the first run, not after it
     result: dict[str, Any] = {
         "command": " ".join(["cadence", *sys.argv[1:]]),
-        "machine": _versions(),
+        "machine": versions(),
         "seconds": args.seconds,
         "full_context": args.full_context,
         "runs": [],

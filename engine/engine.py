@@ -171,7 +171,6 @@ class Engine:
         duration_s = (published_ns - release_ns) / 1e9
         self.recent_ticks_s.append(duration_s)
         m.tick_duration.observe(duration_s, self._exemplar(rows) if missed else None)
-        self.executor.arm()  # the next step, queued while the engine waits for its release
         return TickReport(tick, int(rows.size), duration_s, missed)
 
     def _reset_rows(self, reset: np.ndarray[Any, np.dtype[np.bool_]]) -> None:
@@ -296,6 +295,7 @@ class Engine:
                     self._skip(skipped)
                 sleep_until(self.clock.release_ns(tick))
                 report = self.tick(tick)
+                self.executor.arm()  # the next step, queued while the engine waits to release it
                 if report.missed:
                     ms = report.duration_s * 1e3
                     log.warning("tick %d missed its deadline (%.1f ms)", tick, ms)

@@ -44,7 +44,8 @@ __all__ = ["choose", "sample_tokens"]
 
 SIGN = tl.constexpr(-(2**31))  # int32 with only the sign bit set
 # a row's block width -> warps (wider rows: 16). The text's 32768 spill 48 bytes of registers
-# a thread at 16 warps on sm_90 (Triton 3.6), 128 at 32, 152 at 8
+# a thread at 16 warps on sm_90 (Triton 3.6), 128 at 32, 152 at 8; the audio's 2048 none
+# (`python3 bench/kernels_sampling_sass.py`)
 ROW_WARPS = ((2048, 4), (8192, 8))
 
 

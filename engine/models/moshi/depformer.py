@@ -229,7 +229,8 @@ class Depformer(nn.Module):
         # the race's draws for every step at once: one launch, not one per step
         shape = (hidden.shape[0], self.steps, self.linears.shape[1])
         noise = draw_noise(shape, hidden.device, how, generator)
-        given = (forced, forced_mask) if forced is not None and forced_mask is not None else None
+        if forced is None or forced_mask is None:
+            forced = forced_mask = None
         tokens: list[Tensor] = []
         previous = text
         for step in range(self.steps):
@@ -250,8 +251,8 @@ class Depformer(nn.Module):
                 logits,
                 how,
                 generator,
-                None if given is None else given[0][:, step],
-                None if given is None else given[1][:, step],
+                None if forced is None else forced[:, step],
+                None if forced_mask is None else forced_mask[:, step],
                 None if noise is None else noise[:, step],
                 fused,
             )
