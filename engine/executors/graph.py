@@ -127,8 +127,7 @@ class GraphExecutor:
     @torch.no_grad()
     def run(self, pcm_in: PcmBatch, reset: Mask, active: Mask) -> StepOutput:
         check_step_inputs(self.model, pcm_in, reset, active)
-        if not self._armed:  # an armed model's prepare queues nothing (see arm)
-            self.model.prepare(reset)
+        self.model.prepare(reset)  # queues nothing where a step is armed (see arm)
         self._pcm_host.numpy()[:] = pcm_in
         self._reset_host.numpy()[:] = reset
         self._active_host.numpy()[:] = active

@@ -137,9 +137,8 @@ class TemporalLayer(nn.Module):
         11.5 against cuBLAS's 16.3, down + residual 26.1 against 32.0; with the norm as their
         prologue fused_linear lost on qkv (39.3 on the swapped tiles, 36.7 on its best, CUDA-
         core tile, against 31.7) and gate/up (62.7 and 61.7 against 51.3), so those stay on
-        cuBLAS. Rounded where the per-op path rounds, but the
-        down projection's sum, rounded before the residual is added (the per-op path's
-        addmm rounds once)."""
+        cuBLAS. Rounded where the per-op path rounds, but the down projection's sum,
+        rounded before the residual is added (the per-op path's addmm rounds once)."""
         # imported here: triton is absent from CPU-only installs, which never take this path
         from kernels.fused_linear import fused_linear
         from kernels.gated_silu import gated_silu
