@@ -2,7 +2,7 @@
 # Everything the GPU machine checks and times for a submission, most important first, each step
 # bounded; two sections so that each stays under the device's 10-minute limit per command:
 #
-#   bench/h200.sh OUT [capacity|step|sampling|linear|all]     (default all but the last two)
+#   bench/h200.sh OUT [capacity|step|sampling|linear|verify|all]  (default all but the last three)
 #
 # capacity: real-clock capacity with every call aged to a full 2-minute context (`cadence
 #   bench engine --full-context`): 300 calls with fp8 KV rings, 152 with bf16, and 1 call
@@ -19,7 +19,10 @@
 # linear: the few-rows linear's tiles (kernels/fused_linear.py, the swapped tensor-core ones
 #   too) against cuBLAS at the depformer's and the temporal transformer's shapes, and the
 #   depformer stage with each GEMM's best tile (bench/kernels_fused_linear.py); its kernel
-#   tests compiled first.
+#   tests compiled first;
+# verify: the GPU tests alone (the engine's, the doorbell's, then every kernel test compiled,
+#   spread over 8 workers with pytest-xdist) and where the 1-call tick goes kernel by kernel
+#   (bench/tick_kernels.py) and in Mimi (bench/mimi_gpu.py's costliest kernels).
 # Run from the repository root with torch, triton and Kyutai's `moshi` importable. Results land
 # in OUT as JSON (machine, versions and command inside) and logs; copy the ones worth keeping to
 # bench/results/.
@@ -71,6 +74,16 @@ if [[ $section == sampling ]]; then
         timeout 170 python3 bench/engine_gpu.py --slots 1,128 --steps 40 --full-rings ${run#*:} \
             --json "$out/engine_gpu_sampling_${run%%:*}.json" 2>&1 | grep cadence | cut -c1-300
     done
+fi
+if [[ $section == verify ]]; then
+    timeout 240 python3 -m pytest -q -m gpu tests/engine tests/kernels/test_doorbell.py \
+        -p no:cacheprovider 2>&1 | tee "$out/gpu_tests_engine.log" | tail -3
+    timeout 300 python3 -m pytest -q -n 8 -m "not interpreter" tests/kernels \
+        -p no:cacheprovider 2>&1 | tee "$out/gpu_tests_kernels.log" | tail -2
+    timeout 90 python3 bench/tick_kernels.py --slots 1 --json "$out/tick_kernels_1.json" 2>&1 |
+        tail -1 | cut -c1-300
+    timeout 90 python3 bench/mimi_gpu.py --slots 1 --no-sweep --json "$out/mimi_gpu_1.json" \
+        2>&1 | tail -2 | cut -c1-300
 fi
 if [[ $section == linear ]]; then
     timeout 120 python3 -m pytest -q -x -m "not interpreter" tests/kernels/test_fused_linear.py \

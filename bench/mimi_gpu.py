@@ -5,18 +5,21 @@
 For each slot count it builds Moshi's Mimi (fp32, seeded random weights) three times on the
 same weights: `fused=False` (the eager path, as it was before the kernels, time-last SEANet
 layout), `fused=True` with the time-last layout (`time_last`) and `fused=True` with the
-default channels-last layout (mimi/seanet.py), matmuls in TF32 as the engine runs them, and
-measures `encode` (pcm [slots, 1920] -> codes [slots, 8]) and `decode` (codes -> pcm) exactly
-as bench/engine_stages.py's mimi_encode / mimi_decode rows do: each stage captured as its own
+default channels-last layout (mimi/seanet.py); where the transformers' products take the
+few-rows kernel (slots * 2 <= mimi/transformer.py's FEW_ROWS), a fourth time with them on
+cuBLAS (`fused_cublas_products`). Matmuls run in TF32 as the engine runs them. It measures
+`encode` (pcm [slots, 1920] -> codes [slots, 8]) and `decode` (codes -> pcm) exactly as
+bench/engine_stages.py's mimi_encode / mimi_decode rows do: each stage captured as its own
 CUDA graph, median and p99 ms of 50 replays after 5, and the kernels one eager run launches
 (torch profiler). Also recorded: the first fused call's time (Triton's JIT compiles there,
 before any capture) and, at the largest slot count, the fused stages' ten costliest kernels.
 Every transformer starts at STEADY_POSITION, past its ring, so attention reads full rings.
 
 First (unless --no-sweep) it times kernels/mimi_transformer.py's ring_attention_step alone,
-per slot count and program shape (SHAPES: block, tiles per split, warps), and runs the codec
-with the shape of least total time at 128 slots and more; the JSON keeps the sweep and the
-shape used. The module's defaults are set from the committed run by hand.
+per slot count and program shape (SHAPES: block, tiles per split, warps), and records the
+shape of least total time at 128 slots and more (`--sweep-only`: and stops there). The codec
+runs with the kernel's own choice per slot count (mimi_transformer.step_shape, whose shapes
+are set from the committed sweeps by hand), recorded as `attention_shapes`.
 """
 
 import argparse
@@ -40,6 +43,7 @@ from gpu_timing import count_kernels, machine, ranked, replay_ms, summary
 import kernels.mimi_transformer as step_kernel
 from engine.models.moshi.config import moshiko
 from engine.models.moshi.mimi.codec import MimiCodec
+from engine.models.moshi.mimi.transformer import FEW_ROWS
 from engine.models.moshi.model import randomize
 
 log = logging.getLogger("mimi_gpu")
@@ -140,9 +144,18 @@ def measure(slots: int, profile: bool) -> dict[str, Any]:
     fused.load_state_dict(eager.state_dict())
     time_last = MimiCodec(config, slots, device, fused=True, channels_last=False)
     time_last.load_state_dict(eager.state_dict())
+    paths = {"eager": eager, "time_last": time_last, "fused": fused}
+    if slots * config.encoder_steps_per_frame <= FEW_ROWS:
+        # the fused codec with every transformer product on cuBLAS, where the default takes
+        # the few-rows kernel (mimi/transformer.py)
+        cublas = MimiCodec(config, slots, device, fused=True)
+        cublas.load_state_dict(eager.state_dict())
+        for transformer in (cublas.encoder_transformer, cublas.decoder_transformer):
+            transformer.few_rows = 0
+        paths["fused_cublas_products"] = cublas
     pcm = torch.randn(slots, config.frame_samples, device=device) * 0.1
     codes = torch.randint(0, config.bins, (slots, config.codebooks), device=device)
-    for codec in (eager, fused, time_last):
+    for codec in paths.values():
         for transformer in (codec.encoder_transformer, codec.decoder_transformer):
             transformer.positions.fill_(STEADY_POSITION)
     row: dict[str, Any] = {"slots": slots}
@@ -151,7 +164,7 @@ def measure(slots: int, profile: bool) -> dict[str, Any]:
         fused.decode(fused.encode(pcm))
         torch.cuda.synchronize()
         row["fused_first_call_s"] = round(time.perf_counter() - begin, 2)
-        for path, codec in (("eager", eager), ("time_last", time_last), ("fused", fused)):
+        for path, codec in paths.items():
             plan: dict[str, Callable[[], object]] = {
                 "encode": lambda codec=codec: codec.encode(pcm),  # type: ignore[misc]
                 "decode": lambda codec=codec: codec.decode(codes),  # type: ignore[misc]
@@ -178,7 +191,10 @@ def main() -> int:
     parser.add_argument(
         "--no-sweep",
         action="store_true",
-        help="run the codec with the module's ring_attention_step shape, unswept",
+        help="time the codec only, not ring_attention_step's shapes first",
+    )
+    parser.add_argument(
+        "--sweep-only", action="store_true", help="time ring_attention_step's shapes only"
     )
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
@@ -197,15 +213,19 @@ def main() -> int:
     }
     if not args.no_sweep:
         result["attention_sweep"] = sweep_attention(counts)
-        shape = best_shape(result["attention_sweep"], counts)
-        step_kernel.BLOCK_N, step_kernel.TILES_PER_SPLIT, step_kernel.NUM_WARPS = shape
+        result["attention_best_from_128"] = best_shape(result["attention_sweep"], counts)
         torch.cuda.empty_cache()
-    result["attention_shape"] = {
-        "block_n": step_kernel.BLOCK_N,
-        "tiles_per_split": step_kernel.TILES_PER_SPLIT,
-        "num_warps": step_kernel.NUM_WARPS,
+        if args.sweep_only:
+            print(json.dumps(result["attention_sweep"]))
+            if args.json:
+                args.json.write_text(json.dumps(result, indent=1))
+            return 0
+    cuda = torch.device("cuda")
+    # the codec runs with the kernel's own choice per slot count (step_shape)
+    result["attention_shapes"] = {
+        slots: step_kernel.step_shape(slots * moshiko().mimi.transformer_heads, cuda)
+        for slots in counts
     }
-    log.info("codec runs with ring_attention_step shape %s", result["attention_shape"])
     for slots in counts:
         result["rows"].append(measure(slots, profile=slots == max(counts)))
         torch.cuda.empty_cache()

@@ -19,6 +19,7 @@ import numpy as np
 
 from engine.clock import TickClock, sleep_until
 from engine.executors import Executor
+from engine.frames import DownlinkScatter, UplinkGather
 from engine.metrics import PHASES, EngineMetrics, loaded_cuda_torch
 from engine.models.base import AgeableModel, Mask
 from engine.ring import EngineState, SharedRing, SlotState
@@ -27,7 +28,11 @@ from engine.watchdog import StepWatchdog
 
 log = logging.getLogger(__name__)
 
-PCM_SCALE = np.float32(1.0 / 32768.0)
+# The host work of a tick is rehearsed this long before its release (Engine.wait_for_release):
+# after the engine slept between ticks it ran cold, gather 0.32 ms and scatter 0.20 ms at one
+# call on the H200 machine (bench/results/bench_engine_bf16_1_armed.json) against tens of us
+# back to back; bench/tick_host.py measures it both ways.
+REHEARSAL_NS = 1_000_000
 RECENT_TICKS = 2048  # ticks kept for the status reply's percentiles
 # the per-slot control fields a new call starts from zero
 CALL_COUNTERS = (
@@ -78,13 +83,8 @@ class Engine:
         self.stall_next_tick_s = 0.0  # test hook: sleep this long inside the next tick
         self.age_next_tick = False  # test hook: age every live call's context before the step
         self._call_ids = [""] * slots  # per slot, for exemplars; written by the control thread
-        self._uplink_i16 = np.zeros((slots, samples), np.int16)
-        self._pcm_in = np.zeros((slots, samples), np.float32)
-        self._downlink_i16 = np.zeros((slots, samples), np.int16)
-        self._last_uplink = np.zeros(slots, np.uint64)  # frame number consumed per slot
-        self._media_started = np.zeros(slots, np.bool_)  # a frame arrived for this call
-        self._downlink_frame = np.zeros(slots, np.uint64)  # frame number published per slot
-        self._live_now = np.zeros(slots, np.bool_)
+        self.uplink = UplinkGather(slots, samples)
+        self.downlink = DownlinkScatter(slots, samples)
         metrics.slots_capacity.set(slots)
         metrics.info.info({"model": model.name, "executor": executor.name})
 
@@ -122,16 +122,7 @@ class Engine:
         snap = self.table.snapshot()
         live, reset = snap.live, snap.reset
         self._reset_rows(reset)
-        taken = self.ring.gather_uplink(snap.generations, self._last_uplink, self._uplink_i16)
-        got = live & (taken > 0)
-        skipped = np.where(got & (self._last_uplink > 0), taken - self._last_uplink - 1, 0)
-        self._last_uplink[got] = taken[got]
-        self._media_started |= got
-        underrun = live & self._media_started & ~got
-        # in float32 (exact: the scale is a power of two); int16 times a Python float would
-        # compute in float64 first, 2.8x slower (0.34 against 0.12 ms at 300 calls)
-        np.multiply(self._uplink_i16, PCM_SCALE, out=self._pcm_in, dtype=np.float32)
-        self._pcm_in[~got] = 0.0
+        uplink = self.uplink.take(self.ring, snap)
         t_gathered = time.perf_counter()
 
         # step
@@ -140,7 +131,7 @@ class Engine:
         if self.watchdog is not None:
             self.watchdog.step_started(tick)
         try:
-            out = self.executor.run(self._pcm_in, reset, live)
+            out = self.executor.run(self.uplink.pcm, reset, live)
             if self.stall_next_tick_s:
                 time.sleep(self.stall_next_tick_s)
                 self.stall_next_tick_s = 0.0
@@ -152,17 +143,13 @@ class Engine:
 
         # scatter
         rows = np.flatnonzero(live)
-        self._downlink_frame[rows] += 1
-        stamps = (snap.generations[rows] << np.uint64(32)) | self._downlink_frame[rows]
-        np.clip(out.pcm, -1.0, 32767.0 / 32768.0, out=out.pcm)
-        np.multiply(out.pcm, 32768.0, out=self._downlink_i16, casting="unsafe")
-        self.ring.scatter_downlink(rows, stamps, self._downlink_i16[rows], out.tokens[rows])
+        self.downlink.publish(self.ring, rows, snap.generations, out.pcm, out.tokens)
         published_ns = time.monotonic_ns()
         t_scattered = time.perf_counter()
 
         # observe
         missed = published_ns > self.clock.deadline_ns(tick)
-        self._observe(tick, rows, underrun, skipped, missed, published_ns)
+        self._observe(tick, rows, uplink.underrun, uplink.skipped, missed, published_ns)
         m = self.metrics
         spans = (t_gathered - t_start, t_stepped - t_gathered, t_scattered - t_stepped)
         for phase, span in zip(PHASES, spans, strict=True):
@@ -173,12 +160,30 @@ class Engine:
         m.tick_duration.observe(duration_s, self._exemplar(rows) if missed else None)
         return TickReport(tick, int(rows.size), duration_s, missed)
 
+    def rehearse(self) -> None:
+        """Run the gather and the scatter on twins of their state (engine/frames.py): reads
+        the slot table and the uplink ring, changes nothing a call or the next tick sees."""
+        snap = self.table.snapshot(consume=False)
+        self.uplink.rehearse(self.ring, snap)
+        self.downlink.rehearse(np.flatnonzero(snap.live), snap.generations)
+
+    def wait_for_release(self, tick: int) -> None:
+        """Sleep until REHEARSAL_NS before the tick's release, rehearse, then spin to the
+        release (a sleep could cool the caches again). A tick already that close is not
+        rehearsed: its wait is sleep_until's, the last stretch spun."""
+        release_ns = self.clock.release_ns(tick)
+        if time.monotonic_ns() < release_ns - REHEARSAL_NS:
+            sleep_until(release_ns - REHEARSAL_NS, spin_ns=0)
+            self.rehearse()
+            sleep_until(release_ns, spin_ns=REHEARSAL_NS)
+        else:
+            sleep_until(release_ns)
+
     def _reset_rows(self, reset: np.ndarray[Any, np.dtype[np.bool_]]) -> None:
         if not reset.any():
             return
-        self._last_uplink[reset] = 0
-        self._media_started[reset] = False
-        self._downlink_frame[reset] = 0
+        self.uplink.reset(reset)
+        self.downlink.reset(reset)
         ctrl = self.ring.control
         for field in CALL_COUNTERS:
             ctrl[field][reset] = 0
@@ -197,7 +202,7 @@ class Engine:
         ctrl["downlink_frames"][rows] += 1
         ctrl["underruns"][underrun] += 1
         ctrl["overruns"] += skipped
-        ctrl["uplink_frames"][rows] = self._last_uplink[rows]
+        ctrl["uplink_frames"][rows] = self.uplink.last[rows]
         m = self.metrics
         m.ticks.inc()
         m.call_ticks.inc(int(rows.size))
@@ -293,7 +298,7 @@ class Engine:
                 if skipped:
                     log.warning("engine fell behind: skipped %d ticks", skipped)
                     self._skip(skipped)
-                sleep_until(self.clock.release_ns(tick))
+                self.wait_for_release(tick)
                 report = self.tick(tick)
                 self.executor.arm()  # the next step, queued while the engine waits to release it
                 if report.missed:

@@ -92,13 +92,16 @@ class SlotTable:
                 self._pending_reset[info.slot] = False
             return gone
 
-    def snapshot(self) -> Snapshot:
+    def snapshot(self, consume: bool = True) -> Snapshot:
+        """The live rows now; the resets reported are consumed (reported once) unless
+        `consume` is False (a look that changes nothing: the engine's rehearsal)."""
         with self._lock:
             generations = np.zeros(self.capacity, np.uint64)
             for slot, info in self._calls.items():
                 generations[slot] = info.generation
             reset = self._pending_reset.copy()
-            self._pending_reset[:] = False
+            if consume:
+                self._pending_reset[:] = False
         # generations start at 1: a row is live exactly where it has one
         return Snapshot(generations != 0, reset, generations)
 

@@ -13,7 +13,7 @@ over everything between the matrix products:
   computes once per step for all layers) and keeps them in registers; split 0 alone writes k
   and v into the ring at positions start..start+T-1 and attends the T queries to them from
   registers (causally), while each split attends the older entries of its own run of
-  `TILES_PER_SPLIT` tiles of BLOCK_N entries, never this step's, so no program reads an entry
+  `tiles_per_split` tiles of `block_n` entries, never this step's, so no program reads an entry
   another one writes. Each keeps an online softmax (base-2, log2(e) folded into the scale)
   and stores its partial (max, sum, acc) per query; a second launch, one program per
   (slot, head), rescales the partials to their common max and normalises (no atomics: the
@@ -59,9 +59,9 @@ was slower each time. The unsplit program of this form still halves the first on
 211 us at 300 slots; in the codec 3.27 -> 1.71 ms for 8 layers): K and V come as contiguous
 rows (RoPE interleaved in registers, not two strided half-loads), both tiles are loaded
 before any arithmetic, and nothing waits on a barrier to read this step's keys back. It is
-the default; at 1 slot (8 programs) splits win instead (17.3 -> 5.1 us per layer), which the
-defaults do not yet choose. Still 3x short of the 4.8 TB/s read: the tile products live as
-[T, 64, 64] registers, so only 2 programs fit an SM.
+the default from one program per multiprocessor on; below that (1 slot: 8 programs) splits
+win instead (17.3 -> 5.1 us per layer) and are taken (step_shape). Still 3x short of the
+4.8 TB/s read: the tile products live as [T, 64, 64] registers, so only 2 programs fit an SM.
 
 Each launcher asserts shapes, dtypes and strides, allocates only buffers whose size the
 shapes fix, and never reads device values on the host, so it can be captured in a CUDA graph.
@@ -79,14 +79,20 @@ from torch import Tensor
 from torch.nn import functional
 
 from kernels.dependent_launch import dependent, wait_for_inputs
+from kernels.device import multiprocessors
 
-# The step kernel's shape, module-level and read at each launch, so that bench/mimi_gpu.py can
-# sweep them and run the codec with the best. Measured best at 128 and 300 slots (H200, full
-# 250-frame rings, bench/results/mimi_gpu.json's attention_sweep): one program per
-# (slot, head) walking 4 tiles of 64, no split.
-BLOCK_N = 64  # ring entries per tile: 64 x 64 fp32 K and V tiles in 4 warps' registers
-NUM_WARPS = 4
-TILES_PER_SPLIT = 4  # tiles one program walks; the ring is split over ceil(tiles / this)
+# The step kernel's shape, (block_n, tiles_per_split, num_warps): block_n ring entries per
+# tile, tiles_per_split tiles walked by one program (the ring is split over
+# ceil(tiles / tiles_per_split)). Measured on one H200 (full 250-frame rings,
+# bench/results/mimi_gpu.json's attention_sweep, table in the module docstring): one program
+# per (slot, head) walking 4 tiles of 64, no split, is the best at 128 and 300 slots, where
+# those programs already fill the chip; a few slots leave most of it idle, and one tile of 16
+# per program (16 splits, then the combine launch) wins there, 17.3 -> 5.1 us per layer at
+# 1 slot. Which is taken follows the unsplit grid: split below one program per
+# multiprocessor (FULL_CHIP_SHAPE from there; the crossover measured:
+# bench/results/mimi_gpu_attention_crossover.json).
+FULL_CHIP_SHAPE = (64, 4, 4)  # 64 x 64 fp32 K and V tiles in 4 warps' registers
+FEW_SLOTS_SHAPE = (16, 1, 4)
 # a running max below any real score but finite: a fully masked tile rescales by exp2(0) = 1
 EMPTY_MAX = -1.0e30
 
@@ -283,6 +289,12 @@ def _ring_combine_kernel(  # type: ignore[no-untyped-def,unused-ignore]
     tl.store(out_ptr + token[:, None] * dim + head * head_dim + dims[None, :], out)
 
 
+def step_shape(rows: int, device: torch.device) -> tuple[int, int, int]:
+    """The step kernel's (block_n, tiles_per_split, num_warps) for `rows` (slot, head) pairs,
+    by the unsplit grid's size (see FULL_CHIP_SHAPE)."""
+    return FEW_SLOTS_SHAPE if rows < multiprocessors(device, 1) else FULL_CHIP_SHAPE
+
+
 def ring_attention_step(
     qkv: Tensor,
     cos: Tensor,
@@ -296,13 +308,13 @@ def ring_attention_step(
     num_warps: int | None = None,
 ) -> Tensor:
     """RoPE, ring write and attention of one step (module docstring) -> fp32 [slots, T, dim].
-    `block_n`, `tiles_per_split` and `num_warps` shape the program (None: the module's
-    BLOCK_N, TILES_PER_SPLIT and NUM_WARPS, read at each launch)."""
-    block_n = BLOCK_N if block_n is None else block_n
-    tiles_per_split = TILES_PER_SPLIT if tiles_per_split is None else tiles_per_split
-    num_warps = NUM_WARPS if num_warps is None else num_warps
+    `block_n`, `tiles_per_split` and `num_warps` shape the program (None: step_shape's)."""
     slots, steps, width = qkv.shape
     _, heads, capacity, head_dim = keys.shape
+    shape = step_shape(slots * heads, qkv.device)
+    block_n = shape[0] if block_n is None else block_n
+    tiles_per_split = shape[1] if tiles_per_split is None else tiles_per_split
+    num_warps = shape[2] if num_warps is None else num_warps
     dim = heads * head_dim
     assert width == 3 * dim, (qkv.shape, keys.shape)
     assert keys.shape == (slots, heads, capacity, head_dim), (keys.shape, slots)

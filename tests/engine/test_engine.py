@@ -152,6 +152,35 @@ def test_a_frame_comes_back_one_tick_later_with_counters(
         assert ask(sock, {"op": "frobnicate"})["reason"] == "bad_request"
 
 
+def test_rehearsals_before_ticks_consume_nothing_and_publish_nothing(
+    rig: tuple[Engine, ControlServer, Path],
+) -> None:
+    engine, _, path = rig
+    with socket.socket(socket.AF_UNIX) as sock:
+        sock.connect(str(path))
+        opened = ask(sock, {"op": "open", "call_id": "x"})
+        slot, gen = int(opened["slot"]), int(opened["generation"])
+        writer = UplinkWriter(engine.ring, slot, gen)
+        reader = DownlinkReader(engine.ring, slot, gen)
+        frame = (np.arange(N) % 100).astype(np.int16)
+        engine.rehearse()  # the call's reset is still pending after this
+        assert engine.table.snapshot(consume=False).reset[slot]
+        assert writer.write(frame)
+        engine.rehearse()
+        engine.rehearse()
+        assert reader.read() == []
+        engine.tick(0)
+        engine.rehearse()
+        assert writer.write(frame * 2)
+        engine.rehearse()
+        engine.tick(1)
+        got = reader.read()
+        assert [f.frame for f in got] == [1, 2]
+        np.testing.assert_array_equal(got[1].pcm, frame)
+        (call,) = ask(sock, {"op": "status"})["calls"]
+        assert (call["ticks"], call["underruns"], call["overruns"]) == (2, 0, 0)
+
+
 def test_ticks_skipped_while_a_call_is_live_are_in_its_miss_ratio_denominator(
     rig: tuple[Engine, ControlServer, Path],
 ) -> None:

@@ -12,13 +12,17 @@ import torch
 
 pytest.importorskip("triton", reason="triton is not installed (CPU torch does not bring it)")
 
+import kernels.mimi_transformer
 from engine.models.moshi.attention import apply_rope, ring_mask, ring_write, rope_frequencies
 from kernels.mimi_transformer import (
+    FEW_SLOTS_SHAPE,
+    FULL_CHIP_SHAPE,
     residual_layer_norm,
     residual_layer_norm_reference,
     ring_attention_step,
     ring_attention_step_reference,
     rope_tables,
+    step_shape,
 )
 
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -67,6 +71,16 @@ def test_ring_attention_step_matches_reference(
     assert torch.allclose(keys, want_keys, atol=1e-6, rtol=0)
     assert torch.equal(values, want_values)
     assert torch.allclose(got, want, atol=1e-5, rtol=1e-5), (got - want).abs().max()
+
+
+def test_step_shape_splits_the_ring_while_the_grid_leaves_multiprocessors_idle(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(kernels.mimi_transformer, "multiprocessors", lambda device, off: 132)
+    cuda = torch.device("cuda")
+    # Moshi's Mimi: 8 heads, so 16 slots are 128 programs unsplit and 17 are 136
+    assert step_shape(8, cuda) == step_shape(128, cuda) == FEW_SLOTS_SHAPE
+    assert step_shape(136, cuda) == step_shape(2400, cuda) == FULL_CHIP_SHAPE
 
 
 def test_reference_is_the_eager_attention() -> None:

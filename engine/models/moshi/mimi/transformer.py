@@ -26,6 +26,12 @@ from engine.models.moshi.attention import RingAttention, ring_mask, rope_frequen
 from engine.models.moshi.mimi.seanet import Streaming
 
 LAYER_NORM_EPS = 1e-5
+# The fused path's matrix products take kernels/fused_linear.py (fp32 products and sums on
+# the CUDA cores, no TF32) at up to this many rows (slots * T), cuBLAS's TF32 GEMMs above: at
+# one slot those were 64 GEMM and split-k reduce launches a codec direction, ~210 us of its
+# ~0.8 ms (bench/results/mimi_gpu_1.json's top kernels). Per instance (`few_rows`), so that
+# benches can compare.
+FEW_ROWS = 4
 
 
 class MimiLayer(nn.Module):
@@ -60,24 +66,38 @@ class MimiLayer(nn.Module):
         keys: Tensor,
         values: Tensor,
         context: int,
+        few_rows: int,
     ) -> tuple[Tensor, Tensor]:
         """x, normed = norm1(x): fp32 [slots, T, dim] -> (x after this layer, its FFN update
-        before the layer scale); the caller adds it (and the next layer's norm1)."""
+        before the layer scale); the caller adds it (and the next layer's norm1). Products
+        of up to `few_rows` rows take the few-rows kernel (FEW_ROWS)."""
         # imported here: triton is absent from CPU-only installs, which never take this path
         from kernels.mimi_transformer import residual_layer_norm, ring_attention_step
 
-        qkv = functional.linear(normed, self.self_attn.in_proj.weight)
+        qkv = _linear(normed, self.self_attn.in_proj.weight, few_rows)
         attended = ring_attention_step(qkv, *rope, keys, values, start, context)
         x, normed = residual_layer_norm(
             x,
-            functional.linear(attended, self.self_attn.out_proj.weight),
+            _linear(attended, self.self_attn.out_proj.weight, few_rows),
             self.layer_scale_1.scale,
             self.norm2.weight,
             self.norm2.bias,
             LAYER_NORM_EPS,
         )
-        hidden = functional.gelu(functional.linear(normed, self.linear1.weight))
-        return x, functional.linear(hidden, self.linear2.weight)
+        hidden = functional.gelu(_linear(normed, self.linear1.weight, few_rows))
+        return x, _linear(hidden, self.linear2.weight, few_rows)
+
+
+def _linear(rows: Tensor, weight: Tensor, few_rows: int) -> Tensor:
+    """rows [..., k] @ weight [n, k]^T: the few-rows kernel at up to `few_rows` rows
+    (FEW_ROWS), four output columns a program and a whole row of k (512 or 2048) in one or two
+    steps; cuBLAS above."""
+    k = rows.shape[-1]
+    if rows.numel() // k > few_rows:
+        return functional.linear(rows, weight)
+    from kernels.fused_linear import Tiles, fused_linear
+
+    return fused_linear(rows, weight, tiles=Tiles(4, min(k, 1024), dot=False))
 
 
 class LayerScale(nn.Module):
@@ -106,6 +126,7 @@ class MimiTransformer(Streaming):
         super().__init__()
         self.context = context
         self.fused = fused
+        self.few_rows = FEW_ROWS
         self.layers = nn.ModuleList(
             MimiLayer(dim, num_heads, ffn, max_period, device) for _ in range(num_layers)
         )
@@ -152,7 +173,14 @@ class MimiTransformer(Streaming):
         )
         for index, layer in enumerate(layers):
             h, update = layer.forward_fused(
-                h, normed, rope, self.positions, self.keys[index], self.values[index], self.context
+                h,
+                normed,
+                rope,
+                self.positions,
+                self.keys[index],
+                self.values[index],
+                self.context,
+                self.few_rows,
             )
             scale = layer.layer_scale_2.scale
             if index + 1 < len(layers):
