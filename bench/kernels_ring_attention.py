@@ -62,6 +62,11 @@ BF16_TOLERANCE = 1e-2  # relative error against the fp32 reference, as the tests
 SWEEP = [
     (32, 4, 3, 4),  # the best at 128 slots in the last H200 run (708 us/layer)
     (16, 1, 3, 4),  # the best at 1 and 32 slots
+    # more programs per multiprocessor, for a few slots (1 slot: 32 rows of 1500 entries)
+    (16, 1, 3, 8),
+    (16, 1, 3, 16),
+    (32, 2, 3, 8),
+    (32, 4, 3, 16),
 ]
 # fp8 rings: _ring_split_fp8_kernel's programs. results/kernels_ring_attention_fp8_loop.json
 # also timed, us per layer at 128 / 300 slots: the previous fp8 pass 1 (64 x 4 x 3) 607 / 1421;

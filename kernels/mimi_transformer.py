@@ -60,7 +60,7 @@ was slower each time. The unsplit program of this form still halves the first on
 rows (RoPE interleaved in registers, not two strided half-loads), both tiles are loaded
 before any arithmetic, and nothing waits on a barrier to read this step's keys back. It is
 the default from one program per multiprocessor on; below that (1 slot: 8 programs) splits
-win instead (17.3 -> 5.1 us per layer) and are taken (step_shape). Still 3x short of the
+win instead (17.3 -> 5.1 us per layer) and are taken (step_shape, its table). Still 3x short of the
 4.8 TB/s read: the tile products live as [T, 64, 64] registers, so only 2 programs fit an SM.
 
 Each launcher asserts shapes, dtypes and strides, allocates only buffers whose size the
@@ -83,16 +83,24 @@ from kernels.device import multiprocessors
 
 # The step kernel's shape, (block_n, tiles_per_split, num_warps): block_n ring entries per
 # tile, tiles_per_split tiles walked by one program (the ring is split over
-# ceil(tiles / tiles_per_split)). Measured on one H200 (full 250-frame rings,
-# bench/results/mimi_gpu.json's attention_sweep, table in the module docstring): one program
-# per (slot, head) walking 4 tiles of 64, no split, is the best at 128 and 300 slots, where
-# those programs already fill the chip; a few slots leave most of it idle, and one tile of 16
-# per program (16 splits, then the combine launch) wins there, 17.3 -> 5.1 us per layer at
-# 1 slot. Which is taken follows the unsplit grid: split below one program per
-# multiprocessor (FULL_CHIP_SHAPE from there; the crossover measured:
-# bench/results/mimi_gpu_attention_crossover.json).
+# ceil(tiles / tiles_per_split)). One program per (slot, head) walking 4 tiles of 64, no
+# split, is the best from 32 slots on, where those programs fill the chip; fewer leave most of
+# it idle and splits win. Measured on one H200 (Moshi's Mimi: 8 heads, full 250-frame rings;
+# `python3 bench/mimi_gpu.py --slots 1,2,4,8,16,17,32,64,128 --sweep-only`,
+# bench/results/mimi_gpu_attention_crossover.json), us per layer, the shape step_shape takes
+# in brackets:
+#
+#     slots      1      2      4      8     16     17     32    128
+#     16x1x4   [4.7]   7.6    8.7   12.1   20.2   22.1   36.4  135.7
+#     32x1x4    5.4   [5.9]  11.1   11.3   20.2   20.9   33.2  116.0
+#     32x2x4    7.2    7.4   [8.4] [11.3] [17.6]  17.8   30.7  102.7
+#     64x4x4   17.1   17.6   17.8   18.1   18.2  [21.9] [22.9] [92.5]
+#
+# (64x1x4 took 8.3 at 4 slots, the best there.)
 FULL_CHIP_SHAPE = (64, 4, 4)  # 64 x 64 fp32 K and V tiles in 4 warps' registers
-FEW_SLOTS_SHAPE = (16, 1, 4)
+# the split shapes: ((rows at most, shape), ...) and the shape for more rows (rows: the
+# unsplit grid's programs, slots * heads)
+SPLIT_SHAPES = (((8, (16, 1, 4)), (16, (32, 1, 4))), (32, 2, 4))
 # a running max below any real score but finite: a fully masked tile rescales by exp2(0) = 1
 EMPTY_MAX = -1.0e30
 
@@ -290,9 +298,13 @@ def _ring_combine_kernel(  # type: ignore[no-untyped-def,unused-ignore]
 
 
 def step_shape(rows: int, device: torch.device) -> tuple[int, int, int]:
-    """The step kernel's (block_n, tiles_per_split, num_warps) for `rows` (slot, head) pairs,
-    by the unsplit grid's size (see FULL_CHIP_SHAPE)."""
-    return FEW_SLOTS_SHAPE if rows < multiprocessors(device, 1) else FULL_CHIP_SHAPE
+    """The step kernel's (block_n, tiles_per_split, num_warps) for `rows` (slot, head) pairs:
+    split (SPLIT_SHAPES) while the unsplit grid is below one program per multiprocessor,
+    else FULL_CHIP_SHAPE (table above)."""
+    if rows >= multiprocessors(device, 1):
+        return FULL_CHIP_SHAPE
+    small, rest = SPLIT_SHAPES
+    return next((shape for most, shape in small if rows <= most), rest)
 
 
 def ring_attention_step(

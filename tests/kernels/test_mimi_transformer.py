@@ -15,8 +15,8 @@ pytest.importorskip("triton", reason="triton is not installed (CPU torch does no
 import kernels.mimi_transformer
 from engine.models.moshi.attention import apply_rope, ring_mask, ring_write, rope_frequencies
 from kernels.mimi_transformer import (
-    FEW_SLOTS_SHAPE,
     FULL_CHIP_SHAPE,
+    SPLIT_SHAPES,
     residual_layer_norm,
     residual_layer_norm_reference,
     ring_attention_step,
@@ -56,7 +56,7 @@ STARTS = [0, 2, 4, 5, 6, 7, 131]
     ("block_n", "tiles_per_split"),
     # the module's default (unsplit at 250 entries); splits of one tile (this step's keys in
     # split 0 only, the others combined); of several tiles; one program over the whole ring
-    [(None, None), (64, 1), (16, 1), (16, 2), (16, 16)],
+    [(None, None), (64, 1), (16, 1), (16, 2), (32, 2), (16, 16)],
 )
 def test_ring_attention_step_matches_reference(
     capacity: int, context: int, head_dim: int, block_n: int | None, tiles_per_split: int | None
@@ -79,8 +79,12 @@ def test_step_shape_splits_the_ring_while_the_grid_leaves_multiprocessors_idle(
     monkeypatch.setattr(kernels.mimi_transformer, "multiprocessors", lambda device, off: 132)
     cuda = torch.device("cuda")
     # Moshi's Mimi: 8 heads, so 16 slots are 128 programs unsplit and 17 are 136
-    assert step_shape(8, cuda) == step_shape(128, cuda) == FEW_SLOTS_SHAPE
+    (one, two), four_to_sixteen = SPLIT_SHAPES
+    assert step_shape(8, cuda) == one[1]
+    assert step_shape(16, cuda) == two[1]
+    assert step_shape(32, cuda) == step_shape(128, cuda) == four_to_sixteen
     assert step_shape(136, cuda) == step_shape(2400, cuda) == FULL_CHIP_SHAPE
+    assert len({one[1], two[1], four_to_sixteen, FULL_CHIP_SHAPE}) == 4
 
 
 def test_reference_is_the_eager_attention() -> None:
