@@ -62,7 +62,8 @@ BF16_TOLERANCE = 1e-2  # relative error against the fp32 reference, as the tests
 SWEEP = [
     (32, 4, 3, 4),  # the best at 128 slots in the last H200 run (708 us/layer)
     (16, 1, 3, 4),  # the best at 1 and 32 slots
-    # more programs per multiprocessor, for a few slots (1 slot: 32 rows of 1500 entries)
+    # more programs per multiprocessor, for a few slots (1 slot: 32 rows of 1500 entries):
+    # no faster at 1 and 8 slots (results/kernels_ring_attention_pps.json)
     (16, 1, 3, 8),
     (16, 1, 3, 16),
     (32, 2, 3, 8),
@@ -82,8 +83,10 @@ Config = tuple[int, int, int, int]
 
 
 def use_config(config: Config) -> None:
-    """Make `config` the kernel module's default for bf16 rings (read at each launch)."""
+    """Make `config` the kernel module's program for bf16 rings of every size (read at each
+    launch: the few-rows program switched off)."""
     ring.BLOCK_N, ring.NUM_WARPS, ring.NUM_STAGES, ring.PROGRAMS_PER_SM = config
+    ring.FEW_ROWS = 0
 
 
 def use_fp8_config(config: Config) -> None:

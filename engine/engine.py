@@ -28,10 +28,13 @@ from engine.watchdog import StepWatchdog
 
 log = logging.getLogger(__name__)
 
-# The host work of a tick is rehearsed this long before its release (Engine.wait_for_release):
-# after the engine slept between ticks it ran cold, gather 0.32 ms and scatter 0.20 ms at one
-# call on the H200 machine (bench/results/bench_engine_bf16_1_armed.json) against tens of us
-# back to back; bench/tick_host.py measures it both ways.
+# The host work of a tick is rehearsed before its release (Engine.wait_for_release): after the
+# engine slept between ticks it ran cold, gather 0.32 ms and scatter 0.20 ms at one call on
+# the H200 machine (bench/results/bench_engine_bf16_1_armed.json) against tens of us back to
+# back; bench/tick_host.py measures it both ways. The rehearsal starts as long before the
+# release as the last one took, twice over, and at least REHEARSAL_NS: at 300 calls a fixed
+# 1 ms was overrun (the rehearsal took ~2.5 ms) and started the ticks ~1.3 ms late
+# (bench/results/bench_engine_fp8_300_rehearsed_fixed_lead.json).
 REHEARSAL_NS = 1_000_000
 RECENT_TICKS = 2048  # ticks kept for the status reply's percentiles
 # the per-slot control fields a new call starts from zero
@@ -85,6 +88,7 @@ class Engine:
         self._call_ids = [""] * slots  # per slot, for exemplars; written by the control thread
         self.uplink = UplinkGather(slots, samples)
         self.downlink = DownlinkScatter(slots, samples)
+        self.rehearsal_lead_ns = REHEARSAL_NS  # see REHEARSAL_NS
         metrics.slots_capacity.set(slots)
         metrics.info.info({"model": model.name, "executor": executor.name})
 
@@ -168,16 +172,20 @@ class Engine:
         self.downlink.rehearse(np.flatnonzero(snap.live), snap.generations)
 
     def wait_for_release(self, tick: int) -> None:
-        """Sleep until REHEARSAL_NS before the tick's release, rehearse, then spin to the
-        release (a sleep could cool the caches again). A tick already that close is not
+        """Sleep until `rehearsal_lead_ns` before the tick's release, rehearse, then spin to
+        the release (a sleep could cool the caches again). A tick already that close is not
         rehearsed: its wait is sleep_until's, the last stretch spun."""
         release_ns = self.clock.release_ns(tick)
-        if time.monotonic_ns() < release_ns - REHEARSAL_NS:
-            sleep_until(release_ns - REHEARSAL_NS, spin_ns=0)
-            self.rehearse()
-            sleep_until(release_ns, spin_ns=REHEARSAL_NS)
-        else:
+        start_ns = release_ns - self.rehearsal_lead_ns
+        if time.monotonic_ns() >= start_ns:
             sleep_until(release_ns)
+            return
+        sleep_until(start_ns, spin_ns=0)
+        began_ns = time.monotonic_ns()
+        self.rehearse()
+        took_ns = time.monotonic_ns() - began_ns
+        self.rehearsal_lead_ns = max(REHEARSAL_NS, 2 * took_ns)
+        sleep_until(release_ns, spin_ns=self.rehearsal_lead_ns)
 
     def _reset_rows(self, reset: np.ndarray[Any, np.dtype[np.bool_]]) -> None:
         if not reset.any():

@@ -78,6 +78,15 @@ BLOCK_N = 32  # ring entries per tile: a 32 x 128 bf16 tile of K is 8 KiB
 PROGRAMS_PER_SM = 4  # pass-1 programs wanted per multiprocessor before splitting stops
 NUM_WARPS = 4
 NUM_STAGES = 3  # K/V tiles in the software pipeline (cp.async); Triton's default on Hopper
+# bf16 rings of at most FEW_ROWS (slot, head) rows (32 slots at 32 heads) take this program
+# (block_n, num_warps, num_stages) instead: one warp on 16 entries a tile, measured faster
+# there (us per layer, H200, full 1500-frame rings, against the 32 x 4 warps above: 1 slot
+# 12.6 / 13.9, 8 slots 53.2 / 66.3, 32 slots 184.0 / 193.2; at 128 slots 727.1 / 708.1;
+# bench/results/kernels_ring_attention_pps.json and kernels_ring_attention_full_rings.json).
+# More programs per multiprocessor did not help there (pps 8 and 16: 13.3-15.3 us at 1 slot,
+# 53.3-56.7 at 8). The bench sets FEW_ROWS to 0 to run its sweep's best everywhere.
+FEW_ROWS = 1024
+FEW_ROWS_PROGRAM = (16, 1, 3)
 # the pass-1 program for fp8 rings (half the bytes per entry), read at each launch likewise
 FP8_BLOCK_N = 128
 FP8_NUM_WARPS = 4
@@ -357,15 +366,22 @@ def ring_attention(
     """Decode attention of q over the ring (module docstring); returns [slots, heads, head_dim]
     in q's dtype. `splits` overrides the split count (tests use it to force the combine);
     `block_n`, `num_warps` and `num_stages` shape the pass-1 program (None: the module's
-    BLOCK_N, NUM_WARPS and NUM_STAGES, or their FP8_ versions, read at each launch so that
-    bench/kernels_ring_attention.py can run the model with the best of its sweep). fp8 rings
+    BLOCK_N, NUM_WARPS and NUM_STAGES, FEW_ROWS_PROGRAM for bf16 rings of few rows, or the
+    FP8_ versions, read at each launch so that bench/kernels_ring_attention.py can run the
+    model with the best of its sweep). fp8 rings
     come with their per-entry `scales` (key_scale, value_scale): bf16 [slots, heads,
     capacity] (attention.py's quantize_kv)."""
     fp8 = scales is not None
-    block_n = (FP8_BLOCK_N if fp8 else BLOCK_N) if block_n is None else block_n
-    num_warps = (FP8_NUM_WARPS if fp8 else NUM_WARPS) if num_warps is None else num_warps
-    num_stages = (FP8_NUM_STAGES if fp8 else NUM_STAGES) if num_stages is None else num_stages
     slots, heads, head_dim = q.shape
+    if fp8:
+        program = (FP8_BLOCK_N, FP8_NUM_WARPS, FP8_NUM_STAGES)
+    elif slots * heads <= FEW_ROWS:
+        program = FEW_ROWS_PROGRAM
+    else:
+        program = (BLOCK_N, NUM_WARPS, NUM_STAGES)
+    block_n = program[0] if block_n is None else block_n
+    num_warps = program[1] if num_warps is None else num_warps
+    num_stages = program[2] if num_stages is None else num_stages
     capacity = keys.shape[2]
     assert keys.shape == (slots, heads, capacity, head_dim), (keys.shape, q.shape)
     assert values.shape == keys.shape, (values.shape, keys.shape)

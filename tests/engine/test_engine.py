@@ -16,7 +16,7 @@ import pytest
 from engine.clock import TickClock, sleep_until
 from engine.config import EngineConfig
 from engine.control import ControlServer, ask
-from engine.engine import Engine
+from engine.engine import REHEARSAL_NS, Engine
 from engine.executors import Executor, build_executor
 from engine.main import run_engine
 from engine.metrics import EngineMetrics
@@ -179,6 +179,35 @@ def test_rehearsals_before_ticks_consume_nothing_and_publish_nothing(
         np.testing.assert_array_equal(got[1].pcm, frame)
         (call,) = ask(sock, {"op": "status"})["calls"]
         assert (call["ticks"], call["underruns"], call["overruns"]) == (2, 0, 0)
+
+
+def test_the_wait_for_a_release_rehearses_ahead_and_never_returns_early(
+    rig: tuple[Engine, ControlServer, Path],
+) -> None:
+    engine, _, _ = rig
+    engine.clock = TickClock(time.monotonic_ns() + 20_000_000, PERIOD_NS)
+    rehearsals: list[int] = []  # when each rehearsal began
+    took: list[int] = []  # and how long it took
+    real = engine.rehearse
+
+    def counted() -> None:
+        rehearsals.append(time.monotonic_ns())
+        real()
+        took.append(time.monotonic_ns() - rehearsals[-1])
+
+    engine.rehearse = counted  # type: ignore[method-assign]
+    engine.rehearsal_lead_ns = 5_000_000
+    engine.wait_for_release(0)
+    assert time.monotonic_ns() >= engine.clock.release_ns(0)
+    (rehearsed_ns,) = rehearsals
+    assert rehearsed_ns >= engine.clock.release_ns(0) - 5_000_000
+    # the lead follows the rehearsal's own time (twice over), never below REHEARSAL_NS
+    lead = engine.rehearsal_lead_ns
+    assert max(REHEARSAL_NS, 2 * took[0]) <= lead <= max(REHEARSAL_NS, 2 * took[0] + 200_000)
+    engine.clock = TickClock(time.monotonic_ns() - PERIOD_NS + 200_000, PERIOD_NS)
+    engine.wait_for_release(1)  # 0.2 ms away: too close to rehearse
+    assert time.monotonic_ns() >= engine.clock.release_ns(1)
+    assert len(rehearsals) == 1
 
 
 def test_ticks_skipped_while_a_call_is_live_are_in_its_miss_ratio_denominator(

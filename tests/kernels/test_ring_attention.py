@@ -68,6 +68,8 @@ def _positions(slots: int, capacity: int) -> torch.Tensor:
 @pytest.mark.parametrize(
     "dtype", [torch.float32, pytest.param(torch.bfloat16, marks=needs_16bit_dot)]
 )
+# these shapes' few rows take FEW_ROWS_PROGRAM by default; the program for more rows as well
+@pytest.mark.parametrize("program", [None, (32, 4, 3)], ids=["default", "many-rows-program"])
 def test_kernel_matches_reference(
     slots: int,
     heads: int,
@@ -76,11 +78,13 @@ def test_kernel_matches_reference(
     context: int,
     splits: int | None,
     dtype: torch.dtype,
+    program: tuple[int, int, int] | None,
 ) -> None:
     q, keys, values = _inputs(slots, heads, capacity, head_dim, dtype, seed=slots * capacity)
     last = _positions(slots, capacity)
     want = ring_attention_reference(q, keys, values, last, context)
-    got = ring_attention(q, keys, values, last, context, splits=splits)
+    block_n, num_warps, num_stages = program or (None, None, None)
+    got = ring_attention(q, keys, values, last, context, splits, block_n, num_warps, num_stages)
     assert got.dtype == dtype
     assert got.shape == q.shape
     assert torch.isfinite(got).all()
