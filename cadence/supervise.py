@@ -123,8 +123,9 @@ class Supervisor:
         self.engine: subprocess.Popen[bytes] | None = None
         self.gateway: subprocess.Popen[bytes] | None = None
         self._restarts: list[float] = []
-        # restarted engines in a row never ready: killed for it, or exited before it
-        self._not_ready = 0
+        # why each of the restarted engines in a row never got ready: killed for it, or exited
+        # before it (the give-up message says which)
+        self._not_ready: list[str] = []
 
     def _spawn(
         self, role: str, args: list[str], secrets: dict[str, str] | None = None
@@ -176,7 +177,7 @@ class Supervisor:
                 log.error(
                     "engine exited with status %d before it was ready", self.engine.returncode
                 )
-                self._not_ready += 1
+                self._not_ready.append(f"exited with status {self.engine.returncode}")
             elif engine_gone:
                 log.error("engine exited with status %d", self.engine.returncode)
             elif ready_by is not None:
@@ -186,11 +187,11 @@ class Supervisor:
                 engine_gone = state == "stopped"
             if engine_gone:
                 unlink_segment(self.ring_name)
-                if self._not_ready >= MAX_NOT_READY:
+                if len(self._not_ready) >= MAX_NOT_READY:
                     log.error(
-                        "%d restarted engines in a row were not ready within %g s: giving up",
-                        self._not_ready,
-                        self._ready_timeout_s,
+                        "%d restarted engines in a row never got ready (%s): giving up",
+                        len(self._not_ready),
+                        "; ".join(self._not_ready),
                     )
                     return 1
                 if not self._may_restart():
@@ -215,12 +216,12 @@ class Supervisor:
         status = engine_status(self.control, timeout_s=0.2)
         if status is not None and status.get("state") == "ready":
             log.info("engine ready again")
-            self._not_ready = 0
+            self._not_ready = []
             return "ready"
         if time.monotonic() <= ready_by:
             return "warming"
         log.error("restarted engine was not ready within %g s: stopping it", self._ready_timeout_s)
-        self._not_ready += 1
+        self._not_ready.append(f"not ready within {self._ready_timeout_s:g} s")
         stop_child(engine, NOT_READY_GRACE_S)
         return "stopped"
 

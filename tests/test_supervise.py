@@ -219,11 +219,12 @@ def run_on_fake_clock(
     return code, engines, clock
 
 
-def _assert_gave_up_after_one_ready(caplog: pytest.LogCaptureFixture) -> None:
-    """One restarted engine got ready (the count started again), then serve gave up."""
+def _assert_gave_up_after_one_ready(caplog: pytest.LogCaptureFixture, why: str) -> None:
+    """One restarted engine got ready (the count started again), then serve gave up, saying
+    `why` each of the last three never got ready."""
     assert caplog.messages.count("engine ready again") == 1
     assert caplog.messages[-1] == (
-        "3 restarted engines in a row were not ready within 120 s: giving up"
+        f"3 restarted engines in a row never got ready ({'; '.join([why] * 3)}): giving up"
     )
 
 
@@ -241,7 +242,7 @@ def test_restarted_engines_never_ready_stop_serve_after_three_in_a_row(
     for n in (2, 3, 5, 6, 7):
         assert engines[n - 1].signals == [signal.SIGTERM], f"engine {n} stopped by SIGTERM"
     assert engines[3].signals == []
-    _assert_gave_up_after_one_ready(caplog)
+    _assert_gave_up_after_one_ready(caplog, "not ready within 120 s")
     assert clock.t == pytest.approx(5 * 120, abs=5), "one ready-timeout per engine never ready"
 
 
@@ -263,7 +264,7 @@ def test_restarted_engines_that_exit_before_ready_count_toward_the_three_in_a_ro
         assert engines[n - 1].signals == [], f"engine {n} exited by itself"
         assert engines[n - 1].returncode == 1
     assert caplog.messages.count("engine exited with status 1 before it was ready") == 4
-    _assert_gave_up_after_one_ready(caplog)
+    _assert_gave_up_after_one_ready(caplog, "exited with status 1")
     assert clock.t == pytest.approx(4 * 30, abs=5), "each exit seen at once, no ready timeout"
 
 
