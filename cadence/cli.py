@@ -175,7 +175,9 @@ def _gateway_options(p: argparse.ArgumentParser) -> None:
     s.add_argument("--sip-username", help="digest username for --sip-register")
     _secret_option(s, "sip_password", "digest password for --sip-register")
     s.add_argument(
-        "--sip-proxy", metavar="HOST[:PORT]", help="send outbound calls through this trunk/PBX"
+        "--sip-proxy",
+        metavar="HOST[:PORT]",
+        help="send outbound calls and the REGISTER through this trunk/PBX",
     )
     g.add_argument(
         "--jitter-max-ms", type=float, default=200.0, help="jitter buffer's highest target delay"

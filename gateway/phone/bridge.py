@@ -114,7 +114,11 @@ class PhoneBridge:
             self._trunk = Credentials(config.sip_username, config.sip_password or "")
         if config.sip_register is not None:
             self.registration = Registration(
-                self.signalling, config.sip_register, config.sip_registrar, self._trunk
+                self.signalling,
+                config.sip_register,
+                config.sip_registrar,
+                self._trunk,
+                config.sip_proxy,
             )
         self._tasks: set[asyncio.Task[None]] = set()
 

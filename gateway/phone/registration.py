@@ -5,7 +5,8 @@ contact that registered, with digest credentials. The agent sends the REGISTER, 
 challenge and refreshes the binding before it lapses; this module starts it, follows the
 outcome for /healthz, retries a failed registration (30 s, doubling to 10 minutes), and
 removes the binding (Expires: 0) when the gateway stops, so the trunk stops routing calls to
-a gateway that is gone.
+a gateway that is gone. With `--sip-proxy` the REGISTER goes to that proxy (RFC 3261 8.1.2's
+outbound proxy), its Request-URI still the registrar, as outbound calls do.
 """
 
 import asyncio
@@ -17,6 +18,7 @@ from gateway.phone.signalling import SipSignalling
 from gateway.sip.digest import Credentials
 from gateway.sip.events import Registered, RegistrationFailed
 from gateway.sip.headers import SipParseError, SipUri, parse_uri
+from gateway.sip.transaction import Address
 
 log = logging.getLogger(__name__)
 
@@ -42,8 +44,11 @@ class Registration:
         aor: str,
         registrar: str | None,
         credentials: Credentials | None,
+        proxy: Address | None = None,
     ) -> None:
+        """`proxy`: where every REGISTER is sent (None: the registrar's own address)."""
         self._signalling = signalling
+        self._proxy = proxy
         self.aor = aor
         self.registrar = registrar or registrar_of(aor)
         self._credentials = credentials
@@ -99,5 +104,6 @@ class Registration:
             time.monotonic(),
             credentials=self._credentials,
             expires=expires,
+            proxy=self._proxy,
         )
         self._signalling.deliver(outputs)

@@ -15,9 +15,11 @@ AOR = "sip:cadence@trunk.example"
 class Agent:
     def __init__(self) -> None:
         self.expires: list[int] = []  # every REGISTER asked for
+        self.proxies: list[object] = []  # and where each was to be sent
 
     def register(self, registrar: str, aor: str, now: float, **options: object) -> list[Output]:
         self.expires.append(int(options["expires"]))  # type: ignore[call-overload]
+        self.proxies.append(options["proxy"])
         return []
 
 
@@ -54,6 +56,20 @@ def test_a_failed_registration_is_retried_with_backoff_until_it_succeeds(
         assert registration.state == "registered"
         await registration.stop()  # removes the binding
         assert signalling.agent.expires[-1] == 0
+
+    asyncio.run(scenario())
+
+
+def test_every_register_goes_through_the_outbound_proxy_when_there_is_one() -> None:
+    async def scenario() -> None:
+        direct, proxied = Signalling(), Signalling()
+        Registration(direct, AOR, None, None).start()  # type: ignore[arg-type]
+        through = Registration(proxied, AOR, None, None, ("10.0.0.9", 5070))  # type: ignore[arg-type]
+        through.start()
+        through.on_event(Registered(AOR, 120))
+        await through.stop()
+        assert direct.agent.proxies == [None]
+        assert proxied.agent.proxies == [("10.0.0.9", 5070)] * 2, "the binding and its removal"
 
     asyncio.run(scenario())
 

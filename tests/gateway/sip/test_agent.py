@@ -336,6 +336,16 @@ def test_register_failure_and_timeout_are_reported() -> None:
     assert len(out) == 1
 
 
+def test_register_through_an_outbound_proxy_is_sent_there_for_the_registrar() -> None:
+    agent = make_agent(5060, 4)
+    (sent,) = agent.register("sip:trunk.example", "sip:a@trunk.example", 0.0, proxy=PBX)
+    assert isinstance(sent, Outgoing)
+    assert sent.destination == PBX
+    request = parse_message(sent.data)
+    assert isinstance(request, Request)
+    assert (request.method, str(request.uri)) == ("REGISTER", "sip:trunk.example")
+
+
 class ProxiedRegistrar:
     """A proxy (407, realm proxy.test) in front of a registrar (401, realm trunk.example), both
     with qop=auth: the proxy refuses a nonce count that does not rise (a replay); only a
