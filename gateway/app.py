@@ -14,8 +14,9 @@
     GET    /                the demo page (web/)
 
 Errors are JSON {"error": CODE, "detail": TEXT} with a fitting status: 400 for a bad request
-or offer, 401 without the configured bearer token, 404 for an unknown call, 503 with
-Retry-After when the engine is full, draining or down.
+or offer, 401 without the configured bearer token, 404 for an unknown call or path under
+/v1/, 405 for a method a path does not take (with Allow), 413 for a body over
+MAX_BODY_BYTES, 503 with Retry-After when the engine is full, draining or down.
 
 With an auth token configured, only the call API (/v1/calls...) asks for it: the page, its
 config, health and metrics stay open, and the token is never served — the person calling
@@ -43,6 +44,9 @@ log = logging.getLogger(__name__)
 CALLS: web.AppKey[CallRegistry] = web.AppKey("calls", CallRegistry)
 PHONE: web.AppKey[PhoneBridge] = web.AppKey("phone", PhoneBridge)
 MAX_OFFER_BYTES = 64 * 1024
+MAX_BODY_BYTES = 2 * MAX_OFFER_BYTES  # a request body past this is refused with 413
+# aiohttp's own refusals under /v1/, as the API's error codes (json_errors)
+HTTP_ERROR_CODES = {404: "not_found", 405: "method_not_allowed", 413: "body_too_large"}
 STALE_HEARTBEAT_S = 1.0
 DIAL_RETRY_AFTER_S = 10  # an RTP port or the SIP socket may free up by then
 
@@ -54,6 +58,23 @@ def error(
 
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+@web.middleware
+async def json_errors(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """The API's refusals that aiohttp makes itself (an unknown path or method, a body past
+    MAX_BODY_BYTES) answered as JSON errors like the rest, under /v1/ only."""
+    try:
+        return await handler(request)
+    except web.HTTPException as exc:
+        if exc.status < 400 or not request.path.startswith("/v1/"):
+            raise
+        code = HTTP_ERROR_CODES.get(exc.status, "http_error")
+        detail = exc.reason
+        if exc.status == 413:
+            detail = f"the request body is larger than {MAX_BODY_BYTES} bytes"
+        allow = {"Allow": exc.headers["Allow"]} if "Allow" in exc.headers else None
+        return error(exc.status, code, detail, allow)
 
 
 @web.middleware
@@ -228,7 +249,7 @@ async def index(request: web.Request) -> web.FileResponse:
 
 
 def build_app(calls: CallRegistry, phone: PhoneBridge | None = None) -> web.Application:
-    app = web.Application(client_max_size=MAX_OFFER_BYTES * 2, middlewares=[require_token])
+    app = web.Application(client_max_size=MAX_BODY_BYTES, middlewares=[json_errors, require_token])
     app[CALLS] = calls
     if phone is not None:
         app[PHONE] = phone

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 from aiortc import RTCPeerConnection
 
+from gateway.app import MAX_BODY_BYTES
 from gateway.ice import restrict_host_candidates
 from tests.support.caller import band_limited_noise, place_call
 from tests.support.server import Served, children_of, http_json, start_serve, stop_serve
@@ -65,6 +66,21 @@ def test_json_nested_past_the_parsers_depth_gets_400(one_slot: Served) -> None:
 def test_unknown_calls_are_404(one_slot: Served) -> None:
     assert one_slot.get("/v1/calls/nope")[0] == 404
     assert http_json("DELETE", one_slot.url + "/v1/calls/nope")[0] == 404
+
+
+def test_the_apis_own_refusals_by_aiohttp_are_json_errors_too(one_slot: Served) -> None:
+    status, reply = _post(one_slot, {"sdp": "x" * (MAX_BODY_BYTES + 1)})
+    assert isinstance(reply, dict)
+    assert (status, reply["error"]) == (413, "body_too_large")
+    assert str(MAX_BODY_BYTES) in reply["detail"]
+    status, reply = http_json("GET", one_slot.url + "/v1/nothing-here")
+    assert (status, reply["error"]) == (404, "not_found")
+    request = urllib.request.Request(one_slot.url + "/v1/calls", method="PUT")
+    with pytest.raises(urllib.error.HTTPError) as refused:
+        urllib.request.urlopen(request, timeout=10)
+    assert refused.value.code == 405
+    assert "POST" in refused.value.headers["Allow"]
+    assert json.loads(refused.value.read())["error"] == "method_not_allowed"
 
 
 def test_a_full_engine_answers_503_with_retry_after(one_slot: Served) -> None:
