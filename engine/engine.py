@@ -24,7 +24,7 @@ from engine.metrics import PHASES, EngineMetrics, loaded_cuda_torch
 from engine.models.base import AgeableModel, Mask
 from engine.ring import EngineState, SharedRing, SlotState
 from engine.slots import Admission, SlotTable
-from engine.watchdog import StepWatchdog
+from engine.watchdog import WARM_UP_LIMIT_S, StepWatchdog
 
 log = logging.getLogger(__name__)
 
@@ -278,14 +278,29 @@ class Engine:
         for i in range(steps):
             if stop is not None and stop.is_set():
                 return False
-            self.executor.run(silence, every if i == 0 else ~every, every)
+            with self._watched(f"warm-up step {i}", WARM_UP_LIMIT_S):
+                self.executor.run(silence, every if i == 0 else ~every, every)
         if stop is not None and stop.is_set():
             return False
         # arming once loads what arming needs (the graph executor's doorbell kernel) now
-        self.executor.arm()
-        self.executor.close()
+        with self._watched("the warm-up's armed step", WARM_UP_LIMIT_S):
+            self.executor.arm()
+            self.executor.close()
         log.info("warmed up in %.0f ms (%d steps)", (time.perf_counter() - t0) * 1e3, steps)
         return True
+
+    def _watched(
+        self, what: str, limit_s: float | None = None
+    ) -> contextlib.AbstractContextManager[None]:
+        """The block under the watchdog as one step (none: not watched)."""
+        if self.watchdog is None:
+            return contextlib.nullcontext()
+        return self.watchdog.watching(what, limit_s)
+
+    def _close_executor(self) -> None:
+        """Run out the step armed after the last tick, watched like a step."""
+        with self._watched("the armed step run out at the stop"):
+            self.executor.close()
 
     def run(self, stop: threading.Event) -> None:
         """Warm up, then tick on absolute deadlines until `stop` is set. A stop during the
@@ -316,9 +331,9 @@ class Engine:
             # a step armed after the last tick must not stay queued; the error is the one
             # to report, not one the device gives back while the step runs out
             with contextlib.suppress(Exception):
-                self.executor.close()
+                self._close_executor()
             raise
-        self.executor.close()  # a step armed after the last tick: run out, nothing left queued
+        self._close_executor()  # a step armed after the last tick: run out, nothing left queued
 
     def status(self) -> dict[str, Any]:
         ctrl = self.ring.control

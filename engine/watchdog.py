@@ -9,15 +9,19 @@ a dead engine; gateways see the control socket close and report "engine down", t
 
 The limit is far above any real step (80 ms ticks; a tick that admits many calls with prompt
 prefills takes longer, still well under a second): it tells hung from late, and lateness is
-what the deadline metrics count.
+what the deadline metrics count. The steps outside the ticks are watched too (`watching`):
+the warm-up, whose first step may compile kernels, under WARM_UP_LIMIT_S, and the run-out of
+an armed step when the engine stops, under the step's limit.
 """
 
+import contextlib
 import os
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 EXIT_HUNG = 70  # EX_SOFTWARE: internal error
+WARM_UP_LIMIT_S = 600.0  # the warm-up's limit: its first steps may JIT-compile every kernel
 
 
 class StepWatchdog:
@@ -28,7 +32,8 @@ class StepWatchdog:
         self._on_hang = on_hang
         self._lock = threading.Lock()
         self._started_s: float | None = None  # monotonic start of the step in flight
-        self._tick = -1
+        self._what = ""  # and what it is ("tick 12"), with its limit
+        self._step_limit_s = limit_s
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._watch, name="step-watchdog", daemon=True)
 
@@ -40,24 +45,38 @@ class StepWatchdog:
         self._thread.join()
 
     def step_started(self, tick: int) -> None:
-        with self._lock:
-            self._started_s = time.monotonic()
-            self._tick = tick
+        self._started(f"tick {tick}", self.limit_s)
 
     def step_finished(self) -> None:
         with self._lock:
             self._started_s = None
 
+    @contextlib.contextmanager
+    def watching(self, what: str, limit_s: float | None = None) -> Iterator[None]:
+        """Watch the block as one step (`what` names it in the hang message), under `limit_s`
+        (None: the step's limit)."""
+        self._started(what, self.limit_s if limit_s is None else limit_s)
+        try:
+            yield
+        finally:
+            self.step_finished()
+
+    def _started(self, what: str, limit_s: float) -> None:
+        with self._lock:
+            self._started_s = time.monotonic()
+            self._what = what
+            self._step_limit_s = limit_s
+
     def _watch(self) -> None:
         period = min(0.1, self.limit_s / 4)
         while not self._stop.wait(period):
             with self._lock:
-                started, tick = self._started_s, self._tick
-            if started is not None and time.monotonic() - started > self.limit_s:
+                started, what, limit_s = self._started_s, self._what, self._step_limit_s
+            if started is not None and time.monotonic() - started > limit_s:
                 # straight to fd 2, not through logging: the stuck main thread may hold a
                 # handler's lock (a write blocked on a full stderr pipe, say)
                 message = (
-                    f"CRITICAL engine: tick {tick} has been stepping for over {self.limit_s:g} s: "
+                    f"CRITICAL engine: {what} has been stepping for over {limit_s:g} s: "
                     "the step is hung; exiting so the supervisor restarts the engine\n"
                 )
                 os.write(2, message.encode())

@@ -8,10 +8,11 @@ from pathlib import Path
 
 import pytest
 
+import engine.engine as engine_module
 from cadence.supervise import wait_ready
 from engine.clock import TickClock
 from engine.control import ask_once
-from engine.engine import Engine
+from engine.engine import Engine, TickReport
 from engine.metrics import EngineMetrics
 from engine.models.base import Mask, PcmBatch, StepOutput
 from engine.models.echo import EchoModel
@@ -55,6 +56,81 @@ def test_quiet_while_steps_finish_in_time() -> None:
     finally:
         watchdog.stop()
     assert not fired.is_set()
+
+
+def test_a_watched_block_has_its_own_limit_and_name(capfd: pytest.CaptureFixture[str]) -> None:
+    fired = threading.Event()
+    watchdog = StepWatchdog(30.0, fired.set)
+    watchdog.start()
+    try:
+        with watchdog.watching("warm-up step 0", limit_s=0.2):
+            assert fired.wait(2.0), "the block's 0.2 s, not the step's 30 s"
+    finally:
+        watchdog.stop()
+    assert "warm-up step 0 has been stepping for over 0.2 s" in capfd.readouterr().err
+
+
+class BlockingExecutor:
+    """An executor whose first step ("run": the warm-up's) or second close ("close": the one
+    at the stop, after the warm-up's) waits until released: a hung GPU program."""
+
+    name = "blocking"
+    kernels_per_tick: int | None = None
+
+    def __init__(self, model: EchoModel, blocks: str) -> None:
+        self.model = model
+        self.blocks = blocks
+        self.release = threading.Event()
+        self.closes = 0
+
+    def run(self, pcm_in: PcmBatch, reset: Mask, active: Mask) -> StepOutput:
+        if self.blocks == "run":
+            self.release.wait()
+        return self.model.step(pcm_in, reset, active)
+
+    def arm(self) -> None:
+        pass
+
+    def close(self) -> None:
+        self.closes += 1
+        if self.blocks == "close" and self.closes == 2:
+            self.release.wait()
+
+
+@pytest.mark.parametrize("blocks", ["run", "close"])
+def test_a_hung_warm_up_step_or_armed_step_run_out_is_caught(
+    monkeypatch: pytest.MonkeyPatch, blocks: str
+) -> None:
+    """The warm-up (under WARM_UP_LIMIT_S) and the close of the armed step are watched like
+    ticks: a device that never finishes them ends the engine instead of freezing it."""
+    monkeypatch.setattr(engine_module, "WARM_UP_LIMIT_S", 0.2)
+    fired = threading.Event()
+    watchdog = StepWatchdog(0.2, fired.set)
+    watchdog.start()
+    ring = SharedRing.create(
+        f"cadence-test-warm-{time.monotonic_ns()}", RingSpec(2, 1920, 24000, 0, 4, PERIOD_NS)
+    )
+    executor = BlockingExecutor(EchoModel(2), blocks)
+    engine = Engine(executor, ring, SlotTable(2), EngineMetrics(), PERIOD_NS, watchdog)
+    stop = threading.Event()
+    if blocks == "close":
+
+        def one_tick(tick: int) -> TickReport:  # then the stop: the armed step is run out
+            stop.set()
+            return TickReport(tick, 0, 0.0, False)
+
+        engine.tick = one_tick  # type: ignore[method-assign]
+    runner = threading.Thread(target=engine.run, args=(stop,))
+    try:
+        runner.start()
+        assert fired.wait(3.0)
+        assert executor.closes == (2 if blocks == "close" else 0)
+    finally:
+        executor.release.set()
+        stop.set()
+        runner.join(5.0)
+        watchdog.stop()
+        ring.close()
 
 
 def test_limit_must_be_positive() -> None:
