@@ -79,6 +79,7 @@ class Engine:
         self.watchdog = watchdog  # None: a hung step blocks the engine forever
         self.clock = TickClock(0, period_ns)
         self.ticks_run = 0
+        self.ticks_skipped = 0  # never run: each also a miss (ticks_missed)
         self.ticks_missed = 0
         self.recent_ticks_s: deque[float] = deque(maxlen=RECENT_TICKS)  # release -> published
         # the same ticks' gather, step and scatter (the rest of a tick: waking after release)
@@ -226,6 +227,8 @@ class Engine:
     def _skip(self, ticks: int) -> None:
         """`ticks` ticks were never run: each is a deadline, and a miss, of every live call."""
         rows = np.flatnonzero(self.table.live_mask())
+        self.ticks_skipped += ticks
+        self.metrics.skipped_ticks.inc(ticks)
         self.ring.control["skipped"][rows] += ticks
         self.metrics.call_skipped_ticks.inc(ticks * int(rows.size))
         self._count_misses(ticks, rows)
@@ -360,6 +363,7 @@ class Engine:
             "slots": self.table.capacity,
             "live": len(calls),
             "ticks": self.ticks_run,
+            "skipped": self.ticks_skipped,  # misses <= ticks + skipped
             "misses": self.ticks_missed,
             "recent_tick_ms": _tick_percentiles(self.recent_ticks_s),
             "recent_phase_ms": {

@@ -71,6 +71,12 @@ class EngineMetrics:
             "Ticks whose outputs were published after their deadline, or never run.",
             registry=r,
         )
+        self.skipped_ticks = Counter(
+            "cadence_engine_skipped_ticks_total",
+            "Ticks never run (the engine fell behind): misses too, so the engine's miss ratio "
+            "is deadline misses over ticks run plus these.",
+            registry=r,
+        )
         self.call_deadline_misses = Counter(
             "cadence_engine_call_deadline_misses_total",
             "Per-call frames published late or skipped, summed over calls.",

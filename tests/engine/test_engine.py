@@ -249,6 +249,13 @@ def test_ticks_skipped_while_a_call_is_live_are_in_its_miss_ratio_denominator(
     missed = sample("cadence_engine_call_deadline_misses_total") or 0.0
     assert skipped == counters["skipped"]
     assert 0 < missed <= served + skipped
+    # engine-wide the same: ticks never run count in the denominator, the status says how many
+    assert engine.ticks_skipped == counters["skipped"]
+    assert sample("cadence_engine_skipped_ticks_total") == engine.ticks_skipped
+    assert engine.ticks_missed <= engine.ticks_run + engine.ticks_skipped
+    status = engine.status()
+    assert status["misses"] <= status["ticks"] + status["skipped"]
+    assert status["skipped"] == engine.ticks_skipped
 
 
 class StopsDuringWarmUp:
