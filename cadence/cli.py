@@ -177,7 +177,7 @@ def _gateway_options(p: argparse.ArgumentParser) -> None:
     s.add_argument(
         "--sip-proxy",
         metavar="HOST[:PORT]",
-        help="send outbound calls and the REGISTER through this trunk/PBX",
+        help="send outbound calls (and the REGISTER unless --sip-registrar) through this trunk",
     )
     g.add_argument(
         "--jitter-max-ms", type=float, default=200.0, help="jitter buffer's highest target delay"

@@ -113,12 +113,13 @@ class PhoneBridge:
         if config.sip_username is not None:
             self._trunk = Credentials(config.sip_username, config.sip_password or "")
         if config.sip_register is not None:
+            # through the outbound proxy, unless the registrar is named: then straight to it
             self.registration = Registration(
                 self.signalling,
                 config.sip_register,
                 config.sip_registrar,
                 self._trunk,
-                config.sip_proxy,
+                config.sip_proxy if config.sip_registrar is None else None,
             )
         self._tasks: set[asyncio.Task[None]] = set()
 

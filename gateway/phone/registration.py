@@ -5,8 +5,10 @@ contact that registered, with digest credentials. The agent sends the REGISTER, 
 challenge and refreshes the binding before it lapses; this module starts it, follows the
 outcome for /healthz, retries a failed registration (30 s, doubling to 10 minutes), and
 removes the binding (Expires: 0) when the gateway stops, so the trunk stops routing calls to
-a gateway that is gone. With `--sip-proxy` the REGISTER goes to that proxy (RFC 3261 8.1.2's
-outbound proxy), its Request-URI still the registrar, as outbound calls do.
+a gateway that is gone. With `--sip-proxy` and no `--sip-registrar` the REGISTER goes to that
+proxy (RFC 3261 8.1.2's outbound proxy), its Request-URI the address-of-record's domain, as
+outbound calls do; a registrar named with `--sip-registrar` gets it directly (one separate
+from the trunk that carries the calls).
 """
 
 import asyncio

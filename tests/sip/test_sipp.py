@@ -484,7 +484,9 @@ def test_registers_and_dials_through_the_trunk(tmp_path: Path) -> None:
         "--slots=1",
         f"--sip-port={free_port()}",
         "--rtp-ports=42100-42199",
-        f"--sip-register=sip:alice@127.0.0.1:{registrar_port}",
+        "--sip-register=sip:alice@cadence.example",
+        # named, the registrar gets the REGISTER directly, not through the trunk
+        f"--sip-registrar=sip:127.0.0.1:{registrar_port}",
         "--sip-username=alice",
         "--sip-password=secret",
         f"--sip-proxy=127.0.0.1:{trunk_port}",
@@ -502,6 +504,36 @@ def test_registers_and_dials_through_the_trunk(tmp_path: Path) -> None:
         assert record["sip"]["status"] == 486
         assert stop_serve(server) == 0
         assert registrar.wait(30) == 0, registrar.errors()  # Expires: 0 arrived
+    finally:
+        if server.process.poll() is None:
+            stop_serve(server)
+
+
+def test_registers_through_the_outbound_proxy_when_no_registrar_is_named(
+    tmp_path: Path,
+) -> None:
+    """The address-of-record's domain does not resolve; the trunk given as --sip-proxy is the
+    only way to the registrar, and gets the binding and its removal."""
+    proxy_port = free_port()
+    proxy = start_sipp(tmp_path / "proxy", "registrar.xml", None, local_port=proxy_port)
+    server = start_serve(
+        tmp_path / "serve.log",
+        "--slots=1",
+        f"--sip-port={free_port()}",
+        "--rtp-ports=42200-42299",
+        "--sip-register=sip:alice@trunk.invalid",
+        "--sip-username=alice",
+        "--sip-password=secret",
+        f"--sip-proxy=127.0.0.1:{proxy_port}",
+    )
+    try:
+        deadline = time.monotonic() + 10.0
+        while server.get("/healthz")[1].get("sip_registration") != "registered":
+            assert proxy.process.poll() is None, proxy.errors()
+            assert time.monotonic() < deadline, server.get("/healthz")
+            time.sleep(0.1)
+        assert stop_serve(server) == 0
+        assert proxy.wait(30) == 0, proxy.errors()  # Expires: 0 arrived there too
     finally:
         if server.process.poll() is None:
             stop_serve(server)
