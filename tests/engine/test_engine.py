@@ -112,17 +112,23 @@ def rig(tmp_path: Path) -> Iterator[tuple[Engine, ControlServer, Path]]:
     ring.close()
 
 
+def _open_call(
+    sock: socket.socket, engine: Engine, call_id: str
+) -> tuple[int, int, UplinkWriter, DownlinkReader]:
+    """Open a call over the control socket: its slot, generation and both ends of its rings."""
+    opened = ask(sock, {"op": "open", "call_id": call_id})
+    assert opened["ok"] is True, opened
+    slot, gen = int(opened["slot"]), int(opened["generation"])
+    return slot, gen, UplinkWriter(engine.ring, slot, gen), DownlinkReader(engine.ring, slot, gen)
+
+
 def test_a_frame_comes_back_one_tick_later_with_counters(
     rig: tuple[Engine, ControlServer, Path],
 ) -> None:
     engine, _, path = rig
     with socket.socket(socket.AF_UNIX) as sock:
         sock.connect(str(path))
-        opened = ask(sock, {"op": "open", "call_id": "x"})
-        assert opened["ok"] is True
-        slot, gen = int(opened["slot"]), int(opened["generation"])
-        writer = UplinkWriter(engine.ring, slot, gen)
-        reader = DownlinkReader(engine.ring, slot, gen)
+        slot, gen, writer, reader = _open_call(sock, engine, "x")
         frame = (np.arange(N) % 100).astype(np.int16)
         assert writer.write(frame)
         engine.tick(0)
@@ -158,10 +164,7 @@ def test_rehearsals_before_ticks_consume_nothing_and_publish_nothing(
     engine, _, path = rig
     with socket.socket(socket.AF_UNIX) as sock:
         sock.connect(str(path))
-        opened = ask(sock, {"op": "open", "call_id": "x"})
-        slot, gen = int(opened["slot"]), int(opened["generation"])
-        writer = UplinkWriter(engine.ring, slot, gen)
-        reader = DownlinkReader(engine.ring, slot, gen)
+        slot, _, writer, reader = _open_call(sock, engine, "x")
         frame = (np.arange(N) % 100).astype(np.int16)
         engine.rehearse()  # the call's reset is still pending after this
         assert engine.table.snapshot(consume=False).reset[slot]
@@ -439,9 +442,7 @@ def test_a_reused_slot_starts_its_counters_from_zero(
     engine, _, path = rig
     with socket.socket(socket.AF_UNIX) as sock:
         sock.connect(str(path))
-        first = ask(sock, {"op": "open", "call_id": "first"})
-        slot, gen = int(first["slot"]), int(first["generation"])
-        writer = UplinkWriter(engine.ring, slot, gen)
+        slot, gen, writer, _ = _open_call(sock, engine, "first")
         for tick in range(3):
             assert writer.write(np.zeros(N, np.int16))
             engine.tick(tick)

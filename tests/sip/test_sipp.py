@@ -20,7 +20,7 @@ import pytest
 from gateway.rtp.g711 import ulaw_encode
 from gateway.rtp.session import RtpSender
 from tests.sip.peer import PAYLOAD_TYPES, RtpPeer, band_limited_noise, echo_delay
-from tests.sip.sipp import run_sipp, start_sipp
+from tests.sip.sipp import Sipp, run_sipp, start_sipp
 from tests.support.server import Served, free_port, http_json, start_serve, stop_serve
 
 log = logging.getLogger(__name__)
@@ -475,6 +475,16 @@ def test_late_offer_is_answered_in_the_ack(served: tuple[Served, int], tmp_path:
     _idle(server)
 
 
+def _until_registered(server: Served, registrar: Sipp) -> None:
+    """Wait (10 s at most) for the gateway's /healthz to show the binding; the registrar
+    (or the proxy before it) must not have ended meanwhile."""
+    deadline = time.monotonic() + 10.0
+    while server.get("/healthz")[1].get("sip_registration") != "registered":
+        assert registrar.process.poll() is None, registrar.errors()
+        assert time.monotonic() < deadline, server.get("/healthz")
+        time.sleep(0.1)
+
+
 def test_registers_and_dials_through_the_trunk(tmp_path: Path) -> None:
     registrar_port, trunk_port = free_port(), free_port()
     registrar = start_sipp(tmp_path / "registrar", "registrar.xml", None, local_port=registrar_port)
@@ -492,10 +502,7 @@ def test_registers_and_dials_through_the_trunk(tmp_path: Path) -> None:
         f"--sip-proxy=127.0.0.1:{trunk_port}",
     )
     try:
-        deadline = time.monotonic() + 10.0
-        while server.get("/healthz")[1].get("sip_registration") != "registered":
-            assert time.monotonic() < deadline, server.get("/healthz")
-            time.sleep(0.1)
+        _until_registered(server, registrar)
         request = {"uri": "sip:bob@pbx.invalid", "from": "sip:+4930123@cadence.example"}
         status, body = http_json("POST", f"{server.url}/v1/calls/sip", request)
         assert status == 201, body
@@ -527,11 +534,7 @@ def test_registers_through_the_outbound_proxy_when_no_registrar_is_named(
         f"--sip-proxy=127.0.0.1:{proxy_port}",
     )
     try:
-        deadline = time.monotonic() + 10.0
-        while server.get("/healthz")[1].get("sip_registration") != "registered":
-            assert proxy.process.poll() is None, proxy.errors()
-            assert time.monotonic() < deadline, server.get("/healthz")
-            time.sleep(0.1)
+        _until_registered(server, proxy)
         assert stop_serve(server) == 0
         assert proxy.wait(30) == 0, proxy.errors()  # Expires: 0 arrived there too
     finally:
@@ -558,11 +561,7 @@ def test_registers_through_a_challenging_proxy_answering_both_challenges(
         "--sip-password=secret",
     )
     try:
-        deadline = time.monotonic() + 10.0
-        while server.get("/healthz")[1].get("sip_registration") != "registered":
-            assert registrar.process.poll() is None, registrar.errors()
-            assert time.monotonic() < deadline, server.get("/healthz")
-            time.sleep(0.1)
+        _until_registered(server, registrar)
         assert stop_serve(server) == 0
         assert registrar.wait(30) == 0, registrar.errors()  # Expires: 0 arrived
     finally:
