@@ -77,12 +77,14 @@ if [[ $section == sampling ]]; then
 fi
 if [[ $section == verify ]]; then
     timeout 240 python3 -m pytest -q -m gpu tests/engine tests/kernels/test_doorbell.py \
-        -p no:cacheprovider 2>&1 | tee "$out/gpu_tests_engine.log" | tail -3
+        -p no:cacheprovider 2>&1 | tee "$out/gpu_tests_engine_verify.log" | tail -3
     timeout 300 python3 -m pytest -q -n 8 -m "not interpreter" tests/kernels \
-        -p no:cacheprovider 2>&1 | tee "$out/gpu_tests_kernels.log" | tail -2
-    timeout 90 python3 bench/tick_kernels.py --slots 1 --json "$out/tick_kernels_1.json" 2>&1 |
-        tail -1 | cut -c1-300
-    timeout 90 python3 bench/mimi_gpu.py --slots 1 --no-sweep --json "$out/mimi_gpu_1.json" \
+        -p no:cacheprovider 2>&1 | tee "$out/gpu_tests_kernels_verify.log" | tail -2
+    # the profiles named for the commit: committed results of earlier runs keep their names
+    rev=$(git rev-parse --short HEAD 2>/dev/null || echo unknown)
+    timeout 90 python3 bench/tick_kernels.py --slots 1 --json "$out/tick_kernels_1_$rev.json" \
+        2>&1 | tail -1 | cut -c1-300
+    timeout 90 python3 bench/mimi_gpu.py --slots 1 --no-sweep --json "$out/mimi_gpu_1_$rev.json" \
         2>&1 | tail -2 | cut -c1-300
 fi
 if [[ $section == linear ]]; then

@@ -48,7 +48,7 @@ import kernels.ring_attention as ring
 from engine.executors.graph import GraphExecutor
 from engine.models.moshi.attention import KV_FP8, quantize_kv, ring_mask
 from engine.models.moshi.config import moshiko
-from kernels.ring_attention import ring_attention, ring_attention_reference
+from kernels.ring_attention import FEW_ROWS, ring_attention, ring_attention_reference
 
 log = logging.getLogger("kernels_ring_attention")
 HEADS, HEAD_DIM, CAPACITY = 32, 128, 1500
@@ -345,9 +345,13 @@ def main() -> int:
         save()
     best = result["attention"][-1]["best"]
     use_config(next(config for config in SWEEP if config_name(config) == best))
+    # the step runs as the engine does: its few-rows program for a few slots, the sweep's best
+    # (at the largest slot count) above them
+    ring.FEW_ROWS = FEW_ROWS
     fp8_best = result["attention"][-1]["fp8_best"]
     use_fp8_config(next(config for config in FP8_SWEEP if config_name(config) == fp8_best))
     result["step_kernel_config"] = best
+    result["step_few_rows"] = {"rows": FEW_ROWS, "program": list(ring.FEW_ROWS_PROGRAM)}
     result["step"] = []
     step_slots = [int(s) for s in args.step_slots.split(",") if s]
     for slots in step_slots:

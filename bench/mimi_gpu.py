@@ -16,8 +16,8 @@ before any capture) and, at the largest slot count, the fused stages' ten costli
 Every transformer starts at STEADY_POSITION, past its ring, so attention reads full rings.
 
 First (unless --no-sweep) it times kernels/mimi_transformer.py's ring_attention_step alone,
-per slot count and program shape (SHAPES: block, tiles per split, warps), and records the
-shape of least total time at 128 slots and more (`--sweep-only`: and stops there). The codec
+per slot count and program shape (SHAPES: block, tiles per split, warps; `--sweep-only`:
+and stops there). The codec
 runs with the kernel's own choice per slot count (mimi_transformer.step_shape, whose shapes
 are set from the committed sweeps by hand), recorded as `attention_shapes`.
 """
@@ -106,18 +106,6 @@ def sweep_attention(counts: list[int]) -> list[dict[str, Any]]:
             log.info("attention %s", row)
             rows.append(row)
     return rows
-
-
-def best_shape(rows: list[dict[str, Any]], counts: list[int]) -> tuple[int, int, int]:
-    """The shape with the least total time over the slot counts of 128 and more (all of
-    them when none is that large): at 1 slot every shape is a few us of latency."""
-    large = [count for count in counts if count >= 128] or counts
-    totals: dict[tuple[int, int, int], float] = {}
-    for row in rows:
-        if row["slots"] in large:
-            shape = (row["block_n"], row["tiles_per_split"], row["num_warps"])
-            totals[shape] = totals.get(shape, 0.0) + row["us"]
-    return min(totals, key=lambda shape: totals[shape])
 
 
 def top_kernels(stage: Callable[[], object], count: int = 10) -> list[dict[str, Any]]:
@@ -213,7 +201,6 @@ def main() -> int:
     }
     if not args.no_sweep:
         result["attention_sweep"] = sweep_attention(counts)
-        result["attention_best_from_128"] = best_shape(result["attention_sweep"], counts)
         torch.cuda.empty_cache()
         if args.sweep_only:
             print(json.dumps(result["attention_sweep"]))

@@ -13,7 +13,8 @@ puts one frame before each tick. Reported per mode: the mean gather, step and sc
     spun          on the 80 ms clock, sleep_until the release (its last 0.3 ms spun): the
                   engine's wait before it rehearsed
     rehearsed     on the 80 ms clock, the engine's own wait (Engine.wait_for_release: the
-                  gather and scatter rehearsed 1 ms before the release, then spun to it)
+                  gather and scatter rehearsed at its lead before the release, then spun to
+                  it)
 """
 
 import argparse

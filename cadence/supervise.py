@@ -30,6 +30,7 @@ from typing import Any, Literal
 
 from engine.control import ask_once
 from engine.ring import unlink_segment
+from engine.watchdog import EXIT_HUNG
 
 log = logging.getLogger(__name__)
 
@@ -177,7 +178,7 @@ class Supervisor:
                 log.error(
                     "engine exited with status %d before it was ready", self.engine.returncode
                 )
-                self._not_ready.append(f"exited with status {self.engine.returncode}")
+                self._not_ready.append(_exit_reason(self.engine.returncode))
             elif engine_gone:
                 log.error("engine exited with status %d", self.engine.returncode)
             elif ready_by is not None:
@@ -239,3 +240,12 @@ class Supervisor:
             if child is not None:
                 stop_child(child)
         shutil.rmtree(self.runtime, ignore_errors=True)
+
+
+def _exit_reason(returncode: int) -> str:
+    """How an engine ended: its status, the signal that killed it, or the watchdog's hang."""
+    if returncode < 0:
+        return f"killed by {signal.Signals(-returncode).name}"
+    if returncode == EXIT_HUNG:
+        return f"hung (status {EXIT_HUNG}: the step watchdog)"
+    return f"exited with status {returncode}"

@@ -41,7 +41,8 @@ class TickClock:
 # timer slack (50 us by default) and the core's wake-up, 0.10 ms at the median and 0.23 at p95
 # on a 2-core development machine, against 0.3 us spinning the last 0.3 ms (`python3
 # bench/tick_wake.py`, bench/results/tick_wake_cpu.json). The spin costs 0.4% of one core at
-# the 80 ms period.
+# the 80 ms period; the engine's own wait spins longer, from its rehearsal of the tick's host
+# work to the release (engine/engine.py's REHEARSAL_NS: 1.25% of a core or more).
 SPIN_NS = 300_000
 
 

@@ -32,9 +32,12 @@ log = logging.getLogger(__name__)
 # engine slept between ticks it ran cold, gather 0.32 ms and scatter 0.20 ms at one call on
 # the H200 machine (bench/results/bench_engine_bf16_1_armed.json) against tens of us back to
 # back; bench/tick_host.py measures it both ways. The rehearsal starts as long before the
-# release as the last one took, twice over, and at least REHEARSAL_NS: at 300 calls a fixed
-# 1 ms was overrun (the rehearsal took ~2.5 ms) and started the ticks ~1.3 ms late
-# (bench/results/bench_engine_fp8_300_rehearsed_fixed_lead.json).
+# release as the last one took, twice over, at least REHEARSAL_NS and at most an eighth of the
+# period (one stalled rehearsal must not push the lead past the idle time after a busy tick,
+# where no tick would rehearse again); a tick that could not rehearse halves the lead. At 300
+# calls a fixed 1 ms was overrun (the rehearsal took ~2.5 ms) and started the ticks ~1.3 ms
+# late (bench/results/bench_engine_fp8_300_rehearsed_fixed_lead.json): a rehearsal longer
+# than its lead still delays the tick's start, which the tick's duration then shows.
 REHEARSAL_NS = 1_000_000
 RECENT_TICKS = 2048  # ticks kept for the status reply's percentiles
 # the per-slot control fields a new call starts from zero
@@ -175,18 +178,20 @@ class Engine:
     def wait_for_release(self, tick: int) -> None:
         """Sleep until `rehearsal_lead_ns` before the tick's release, rehearse, then spin to
         the release (a sleep could cool the caches again). A tick already that close is not
-        rehearsed: its wait is sleep_until's, the last stretch spun."""
+        rehearsed (its wait is sleep_until's, the last stretch spun) and halves the lead."""
         release_ns = self.clock.release_ns(tick)
         start_ns = release_ns - self.rehearsal_lead_ns
         if time.monotonic_ns() >= start_ns:
+            self.rehearsal_lead_ns = max(REHEARSAL_NS, self.rehearsal_lead_ns // 2)
             sleep_until(release_ns)
             return
         sleep_until(start_ns, spin_ns=0)
         began_ns = time.monotonic_ns()
         self.rehearse()
         took_ns = time.monotonic_ns() - began_ns
-        self.rehearsal_lead_ns = max(REHEARSAL_NS, 2 * took_ns)
-        sleep_until(release_ns, spin_ns=self.rehearsal_lead_ns)
+        self.rehearsal_lead_ns = min(max(REHEARSAL_NS, 2 * took_ns), self.period_ns // 8)
+        while time.monotonic_ns() < release_ns:  # spun all the way
+            pass
 
     def _reset_rows(self, reset: np.ndarray[Any, np.dtype[np.bool_]]) -> None:
         if not reset.any():
@@ -281,12 +286,12 @@ class Engine:
         for i in range(steps):
             if stop is not None and stop.is_set():
                 return False
-            with self._watched(f"warm-up step {i}", WARM_UP_LIMIT_S):
+            with self._watched(f"warm-up step {i}", self._warm_up_limit_s):
                 self.executor.run(silence, every if i == 0 else ~every, every)
         if stop is not None and stop.is_set():
             return False
         # arming once loads what arming needs (the graph executor's doorbell kernel) now
-        with self._watched("the warm-up's armed step", WARM_UP_LIMIT_S):
+        with self._watched("the warm-up's armed step", self._warm_up_limit_s):
             self.executor.arm()
             self.executor.close()
         log.info("warmed up in %.0f ms (%d steps)", (time.perf_counter() - t0) * 1e3, steps)
@@ -299,6 +304,12 @@ class Engine:
         if self.watchdog is None:
             return contextlib.nullcontext()
         return self.watchdog.watching(what, limit_s)
+
+    @property
+    def _warm_up_limit_s(self) -> float:
+        """WARM_UP_LIMIT_S, or the step's limit if longer."""
+        step_limit_s = self.watchdog.limit_s if self.watchdog is not None else 0.0
+        return max(WARM_UP_LIMIT_S, step_limit_s)
 
     def _close_executor(self) -> None:
         """Run out the step armed after the last tick, watched like a step."""
@@ -332,7 +343,9 @@ class Engine:
                     log.warning("tick %d missed its deadline (%.1f ms)", tick, ms)
         except BaseException:
             # a step armed after the last tick must not stay queued; the error is the one
-            # to report, not one the device gives back while the step runs out
+            # to report, not one the device gives back while the step runs out. Logged first:
+            # a run-out that hangs ends the process through the watchdog, and the error with it
+            log.exception("the engine loop failed; running out the armed step")
             with contextlib.suppress(Exception):
                 self._close_executor()
             raise
@@ -370,6 +383,7 @@ class Engine:
                 phase: _tick_percentiles(spans) for phase, spans in self.recent_phases_s.items()
             },
             "busy_share": _busy_share(self.recent_ticks_s, self.period_ns),
+            "rehearsal_lead_ms": round(self.rehearsal_lead_ns / 1e6, 3),
             "kernels_per_tick": self.executor.kernels_per_tick,
             "gpu_memory_gb": _gpu_memory_gb(),
             "calls": calls,

@@ -5,7 +5,7 @@ allocated once at the slot count. Each can also rehearse: run the same code on a
 state, changing nothing a call sees, so that the first real run after the engine slept
 between ticks finds the code and data in the CPU's caches. Measured on the H200 machine's host
 (a KVM guest; `python3 bench/tick_host.py`, bench/results/tick_host_h200.json) and on the
-development machine (tick_host_cpu.json): see bench/tick_host.py's modes.
+development machine (tick_host_cpu_rehearsed.json): see bench/tick_host.py's modes.
 """
 
 from dataclasses import dataclass

@@ -3,15 +3,18 @@
 A GPU program that never finishes (a kernel spinning on a flag that is never set, a driver
 fault) leaves the engine's main thread blocked in the tick's one host sync, where no Python
 exception can reach it: every call freezes, silently. The watchdog is a thread that sees how
-long the current step has been running; past `limit_s` it logs which tick hung, unlinks the
+long the current step has been running; past `limit_s` it says which step hung, unlinks the
 shared-memory ring, and ends the process with EXIT_HUNG. `cadence serve`'s supervisor restarts
 a dead engine; gateways see the control socket close and report "engine down", then "back".
 
 The limit is far above any real step (80 ms ticks; a tick that admits many calls with prompt
 prefills takes longer, still well under a second): it tells hung from late, and lateness is
 what the deadline metrics count. The steps outside the ticks are watched too (`watching`):
-the warm-up, whose first step may compile kernels, under WARM_UP_LIMIT_S, and the run-out of
-an armed step when the engine stops, under the step's limit.
+the warm-up, under WARM_UP_LIMIT_S (or the step's limit if longer: with the eager executor its
+first step JIT-compiles the kernels), and the run-out of an armed step when the engine stops,
+under the step's limit. Not watched: building the executor (the graph executor's own warm-up
+and capture, where its kernels compile), before the watchdog starts; under `cadence serve`
+the supervisor's ready timeout bounds it.
 """
 
 import contextlib
@@ -21,7 +24,7 @@ import time
 from collections.abc import Callable, Iterator
 
 EXIT_HUNG = 70  # EX_SOFTWARE: internal error
-WARM_UP_LIMIT_S = 600.0  # the warm-up's limit: its first steps may JIT-compile every kernel
+WARM_UP_LIMIT_S = 600.0  # the warm-up's limit: eager, its first step JIT-compiles the kernels
 
 
 class StepWatchdog:

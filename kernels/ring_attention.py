@@ -78,8 +78,9 @@ BLOCK_N = 32  # ring entries per tile: a 32 x 128 bf16 tile of K is 8 KiB
 PROGRAMS_PER_SM = 4  # pass-1 programs wanted per multiprocessor before splitting stops
 NUM_WARPS = 4
 NUM_STAGES = 3  # K/V tiles in the software pipeline (cp.async); Triton's default on Hopper
-# bf16 rings of at most FEW_ROWS (slot, head) rows (32 slots at 32 heads) take this program
-# (block_n, num_warps, num_stages) instead: one warp on 16 entries a tile, measured faster
+# rings of at most FEW_ROWS (slot, head) rows (an engine of at most 32 slots at 32 heads: the
+# graph steps every slot), fp8 ones excepted, take this program (block_n, num_warps,
+# num_stages) instead (pass1_program): one warp on 16 entries a tile, measured faster
 # there (us per layer, H200, full 1500-frame rings, against the 32 x 4 warps above: 1 slot
 # 12.6 / 13.9, 8 slots 53.2 / 66.3, 32 slots 184.0 / 193.2; at 128 slots 727.1 / 708.1;
 # bench/results/kernels_ring_attention_pps.json and kernels_ring_attention_full_rings.json).
@@ -351,6 +352,17 @@ def default_splits(rows: int, capacity: int, device: torch.device, block_n: int)
     return max(1, min(wanted, math.ceil(capacity / block_n)))
 
 
+def pass1_program(rows: int, fp8: bool) -> tuple[int, int, int]:
+    """The pass-1 program (block_n, num_warps, num_stages) for `rows` (slot, head) rows: the
+    FP8_ one for fp8 rings, else FEW_ROWS_PROGRAM up to FEW_ROWS rows, else BLOCK_N,
+    NUM_WARPS and NUM_STAGES (each read at each launch)."""
+    if fp8:
+        return FP8_BLOCK_N, FP8_NUM_WARPS, FP8_NUM_STAGES
+    if rows <= FEW_ROWS:
+        return FEW_ROWS_PROGRAM
+    return BLOCK_N, NUM_WARPS, NUM_STAGES
+
+
 def ring_attention(
     q: Tensor,
     keys: Tensor,
@@ -373,12 +385,7 @@ def ring_attention(
     capacity] (attention.py's quantize_kv)."""
     fp8 = scales is not None
     slots, heads, head_dim = q.shape
-    if fp8:
-        program = (FP8_BLOCK_N, FP8_NUM_WARPS, FP8_NUM_STAGES)
-    elif slots * heads <= FEW_ROWS:
-        program = FEW_ROWS_PROGRAM
-    else:
-        program = (BLOCK_N, NUM_WARPS, NUM_STAGES)
+    program = pass1_program(slots * heads, fp8)
     block_n = program[0] if block_n is None else block_n
     num_warps = program[1] if num_warps is None else num_warps
     num_stages = program[2] if num_stages is None else num_stages

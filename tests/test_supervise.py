@@ -289,3 +289,9 @@ def test_a_restarted_engine_deaf_to_sigterm_and_stuck_after_sigkill_blocks_nothi
     assert f"child 4242 did not stop in {grace:g} s: killing it" in caplog.messages
     assert f"child 4242 did not exit {kill_wait:g} s after SIGKILL: leaving it" in caplog.messages
     assert clock.t == pytest.approx(3 * (60 + grace) + kill_wait, abs=5)
+
+
+def test_the_reason_an_engine_never_got_ready_names_a_signal_or_the_watchdog() -> None:
+    assert supervise._exit_reason(1) == "exited with status 1"
+    assert supervise._exit_reason(-9) == "killed by SIGKILL"
+    assert supervise._exit_reason(70) == "hung (status 70: the step watchdog)"

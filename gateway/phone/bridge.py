@@ -113,13 +113,14 @@ class PhoneBridge:
         if config.sip_username is not None:
             self._trunk = Credentials(config.sip_username, config.sip_password or "")
         if config.sip_register is not None:
-            # through the outbound proxy, unless the registrar is named: then straight to it
+            proxy = register_proxy(config)
             self.registration = Registration(
-                self.signalling,
+                self.signalling, config.sip_register, config.sip_registrar, self._trunk, proxy
+            )
+            log.info(
+                "SIP REGISTER of %s goes to %s",
                 config.sip_register,
-                config.sip_registrar,
-                self._trunk,
-                config.sip_proxy if config.sip_registrar is None else None,
+                f"the outbound proxy {proxy[0]}:{proxy[1]}" if proxy else "the registrar",
             )
         self._tasks: set[asyncio.Task[None]] = set()
 
@@ -452,3 +453,9 @@ def _answer(
     assert local is not None
     origin = Origin("cadence", rng.getrandbits(31), 1, address)
     return answer(offer, origin, address, local[1])[0]
+
+
+def register_proxy(config: GatewayConfig) -> tuple[str, int] | None:
+    """Where the REGISTER is sent instead of the registrar's own address: the outbound proxy
+    (--sip-proxy), unless --sip-registrar names the registrar (one separate from the trunk)."""
+    return config.sip_proxy if config.sip_registrar is None else None

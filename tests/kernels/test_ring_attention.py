@@ -14,8 +14,16 @@ import torch
 
 pytest.importorskip("triton", reason="triton is not installed (CPU torch does not bring it)")
 
+import kernels.ring_attention as ring_module
 from engine.models.moshi.attention import dequantize_kv, quantize_kv, ring_mask
-from kernels.ring_attention import ring_attention, ring_attention_reference, ring_positions
+from kernels.ring_attention import (
+    FEW_ROWS,
+    FEW_ROWS_PROGRAM,
+    pass1_program,
+    ring_attention,
+    ring_attention_reference,
+    ring_positions,
+)
 
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 # Triton 3.6's interpreter gets bf16 tl.dot wrong (seen: errors of 1e10 on a 16 x 16 bf16
@@ -89,6 +97,14 @@ def test_kernel_matches_reference(
     assert got.shape == q.shape
     assert torch.isfinite(got).all()
     assert _relative_error(got, want) <= TOLERANCE[dtype]
+
+
+def test_the_pass1_program_follows_the_rows_and_the_ring_dtype() -> None:
+    assert pass1_program(1, fp8=False) == pass1_program(FEW_ROWS, fp8=False) == FEW_ROWS_PROGRAM
+    many = (ring_module.BLOCK_N, ring_module.NUM_WARPS, ring_module.NUM_STAGES)
+    assert pass1_program(FEW_ROWS + 1, fp8=False) == many != FEW_ROWS_PROGRAM
+    fp8 = (ring_module.FP8_BLOCK_N, ring_module.FP8_NUM_WARPS, ring_module.FP8_NUM_STAGES)
+    assert pass1_program(1, fp8=True) == pass1_program(FEW_ROWS + 1, fp8=True) == fp8
 
 
 def test_fresh_slot_ignores_stale_entries() -> None:

@@ -2,10 +2,13 @@
 succeeds; stopping cancels the retry."""
 
 import asyncio
+from pathlib import Path
 
 import pytest
 
+from gateway.config import GatewayConfig
 from gateway.phone import registration as module
+from gateway.phone.bridge import register_proxy
 from gateway.phone.registration import Registration
 from gateway.sip.events import Output, Registered, RegistrationFailed
 
@@ -72,6 +75,18 @@ def test_every_register_goes_through_the_outbound_proxy_when_there_is_one() -> N
         assert proxied.agent.proxies == [("10.0.0.9", 5070)] * 2, "the binding and its removal"
 
     asyncio.run(scenario())
+
+
+def test_the_register_takes_the_outbound_proxy_unless_the_registrar_is_named() -> None:
+    trunk = ("10.0.0.9", 5070)
+
+    def config(**options: object) -> GatewayConfig:
+        return GatewayConfig(Path("engine.sock"), sip_port=5062, sip_register=AOR, **options)  # type: ignore[arg-type]
+
+    assert register_proxy(config()) is None  # the address-of-record's domain, directly
+    assert register_proxy(config(sip_proxy=trunk)) == trunk
+    named = config(sip_proxy=trunk, sip_registrar="sip:registrar.example")
+    assert register_proxy(named) is None
 
 
 def test_stopping_cancels_a_pending_retry(monkeypatch: pytest.MonkeyPatch) -> None:
