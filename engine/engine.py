@@ -190,8 +190,7 @@ class Engine:
         self.rehearse()
         took_ns = time.monotonic_ns() - began_ns
         self.rehearsal_lead_ns = min(max(REHEARSAL_NS, 2 * took_ns), self.period_ns // 8)
-        while time.monotonic_ns() < release_ns:  # spun all the way
-            pass
+        sleep_until(release_ns, spin_ns=self.period_ns)  # spun all the way
 
     def _reset_rows(self, reset: np.ndarray[Any, np.dtype[np.bool_]]) -> None:
         if not reset.any():

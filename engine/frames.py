@@ -71,7 +71,8 @@ class DownlinkScatter:
         self.frame = np.zeros(slots, np.uint64)  # frame number published per slot
         self.i16 = np.zeros((slots, samples), np.int16)
         self._twin = DownlinkScatter(slots, samples, False) if rehearsable else None
-        self._silence = np.zeros((slots, samples) if rehearsable else (0, 0), np.float32)
+        # what the twin publishes: silence
+        self._silence = np.zeros((slots, samples), np.float32) if rehearsable else None
 
     def reset(self, rows: NDArray[np.bool_]) -> None:
         self.frame[rows] = 0
@@ -91,10 +92,11 @@ class DownlinkScatter:
 
     def rehearse(self, rows: NDArray[np.intp], generations: NDArray[np.uint64]) -> None:
         """`publish` of silence on a twin, but for the ring's writes."""
-        twin = self._twin
+        twin, silence = self._twin, self._silence
         assert twin is not None, "a twin does not rehearse"
+        assert silence is not None
         np.copyto(twin.frame, self.frame)
-        twin._stamped(rows, generations, self._silence)
+        twin._stamped(rows, generations, silence)
 
     def _stamped(
         self, rows: NDArray[np.intp], generations: NDArray[np.uint64], pcm: NDArray[np.float32]

@@ -98,9 +98,10 @@ from kernels.device import multiprocessors
 #
 # (64x1x4 took 8.3 at 4 slots, the best there.)
 FULL_CHIP_SHAPE = (64, 4, 4)  # 64 x 64 fp32 K and V tiles in 4 warps' registers
-# the split shapes: ((rows at most, shape), ...) and the shape for more rows (rows: the
-# unsplit grid's programs, slots * heads)
-SPLIT_SHAPES = (((8, (16, 1, 4)), (16, (32, 1, 4))), (32, 2, 4))
+# below one program per multiprocessor (rows: the unsplit grid's programs, slots * heads):
+# SMALL_SPLIT_SHAPES' first (rows at most, shape) that fits, else SPLIT_SHAPE
+SMALL_SPLIT_SHAPES = ((8, (16, 1, 4)), (16, (32, 1, 4)))
+SPLIT_SHAPE = (32, 2, 4)
 # a running max below any real score but finite: a fully masked tile rescales by exp2(0) = 1
 EMPTY_MAX = -1.0e30
 
@@ -299,12 +300,11 @@ def _ring_combine_kernel(  # type: ignore[no-untyped-def,unused-ignore]
 
 def step_shape(rows: int, device: torch.device) -> tuple[int, int, int]:
     """The step kernel's (block_n, tiles_per_split, num_warps) for `rows` (slot, head) pairs:
-    split (SPLIT_SHAPES) while the unsplit grid is below one program per multiprocessor,
-    else FULL_CHIP_SHAPE (table above)."""
+    split while the unsplit grid is below one program per multiprocessor, else
+    FULL_CHIP_SHAPE (table above)."""
     if rows >= multiprocessors(device, 1):
         return FULL_CHIP_SHAPE
-    small, rest = SPLIT_SHAPES
-    return next((shape for most, shape in small if rows <= most), rest)
+    return next((shape for most, shape in SMALL_SPLIT_SHAPES if rows <= most), SPLIT_SHAPE)
 
 
 def ring_attention_step(

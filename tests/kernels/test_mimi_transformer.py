@@ -16,7 +16,8 @@ import kernels.mimi_transformer
 from engine.models.moshi.attention import apply_rope, ring_mask, ring_write, rope_frequencies
 from kernels.mimi_transformer import (
     FULL_CHIP_SHAPE,
-    SPLIT_SHAPES,
+    SMALL_SPLIT_SHAPES,
+    SPLIT_SHAPE,
     residual_layer_norm,
     residual_layer_norm_reference,
     ring_attention_step,
@@ -79,7 +80,7 @@ def test_step_shape_splits_the_ring_while_the_grid_leaves_multiprocessors_idle(
     monkeypatch.setattr(kernels.mimi_transformer, "multiprocessors", lambda device, off: 132)
     cuda = torch.device("cuda")
     # Moshi's Mimi: 8 heads, so 16 slots are 128 programs unsplit and 17 are 136
-    (one, two), four_to_sixteen = SPLIT_SHAPES
+    (one, two), four_to_sixteen = SMALL_SPLIT_SHAPES, SPLIT_SHAPE
     assert step_shape(8, cuda) == one[1]
     assert step_shape(16, cuda) == two[1]
     assert step_shape(32, cuda) == step_shape(128, cuda) == four_to_sixteen
