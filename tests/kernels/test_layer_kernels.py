@@ -22,6 +22,8 @@ from engine.models.moshi.sampling import Sampling
 from engine.models.moshi.transformer import FEW_ROWS as TEMPORAL_FEW_ROWS
 from engine.models.moshi.transformer import TemporalLayer, TemporalTransformer
 from kernels import fused_linear
+from kernels.attended_linear import MAX_ROWS as ATTENDED_ROWS
+from kernels.attended_linear import attended_linear, attended_linear_reference
 from kernels.fused_linear import MAX_ROWS, Tiles
 from kernels.gated_silu import gated_silu, gated_silu_reference
 from kernels.rms_norm import add_rms_norm, rms_norm, rms_norm_reference
@@ -119,6 +121,49 @@ def test_step_attention_over_a_frame_matches_reference(
         assert torch.equal(keys, want_keys), f"step {step}: key scratch"
         assert torch.equal(values, want_values), f"step {step}: value scratch"
         torch.testing.assert_close(got, want, rtol=tolerance, atol=tolerance)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize(
+    ("rows", "heads", "steps", "head_dim", "n"), [(1, 2, 8, 16, 40), (3, 4, 5, 16, 64)]
+)
+def test_attended_linear_over_a_frame_matches_reference(
+    rows: int, heads: int, steps: int, head_dim: int, n: int, dtype: torch.dtype
+) -> None:
+    """Attention + out projection + residual in one launch, every step of a frame: the same
+    scratch writes as the reference, outputs within the roundings' reach (a rounded attention
+    may sit an ulp off, and the product then differs by up to that ulp times the weights)."""
+    shape = (rows + 1, heads, steps, head_dim)  # a scratch wider than the batch
+    keys = _randn(*shape, dtype=dtype, seed=30, scale=50.0)  # stale: never read past `step`
+    values = _randn(*shape, dtype=dtype, seed=31, scale=50.0)
+    want_keys, want_values = keys.clone(), values.clone()
+    dim = heads * head_dim
+    weight = _randn(n, dim, dtype=dtype, seed=32, scale=dim**-0.5)
+    tolerance = 1e-5 if dtype == torch.float32 else 3e-2
+    for step in range(steps):
+        qkv = _randn(rows, 3 * dim, dtype=dtype, seed=40 + step, scale=2.0)
+        residual = _randn(rows, n, dtype=dtype, seed=50 + step)
+        got = attended_linear(qkv, keys, values, step, weight, residual)
+        want = attended_linear_reference(
+            qkv, want_keys[:rows], want_values[:rows], step, weight, residual
+        )
+        assert torch.equal(keys, want_keys), f"step {step}: key scratch"
+        assert torch.equal(values, want_values), f"step {step}: value scratch"
+        torch.testing.assert_close(got, want, rtol=tolerance, atol=tolerance)
+
+
+def test_attended_linear_refuses_more_rows_than_it_holds() -> None:
+    rows = ATTENDED_ROWS + 1
+    scratch = torch.zeros(rows, 2, 4, 16, device=DEVICE)
+    with pytest.raises(AssertionError, match="rows"):
+        attended_linear(
+            torch.zeros(rows, 96, device=DEVICE),
+            scratch,
+            scratch.clone(),
+            0,
+            torch.zeros(8, 32, device=DEVICE),
+            torch.zeros(rows, 8, device=DEVICE),
+        )
 
 
 def test_temporal_layer_fused_matches_torch_path() -> None:

@@ -106,7 +106,7 @@ class DepformerLayer(nn.Module):
     ) -> Tensor:
         """The layer's input is x + pending (pending: the first layer's token embedding, added
         in the norm's launch when fused). `fused`: the kernels of kernels/ (see gated_ffn);
-        `few_rows` (fused, at most Depformer.few_rows slots): five launches, see _few_rows."""
+        `few_rows` (fused, at most Depformer.few_rows slots): four launches, see _few_rows."""
         if few_rows:
             return self._few_rows(x, pending, step, keys, values)
         if pending is None:
@@ -121,12 +121,13 @@ class DepformerLayer(nn.Module):
     def _few_rows(
         self, x: Tensor, pending: Tensor | None, step: int, keys: Tensor, values: Tensor
     ) -> Tensor:
-        """The fused layer step for a few slots in five launches (kernels/fused_linear.py):
-        [norm (+ pending) + qkv], [attention], [out + residual], [norm + gate/up + SiLU],
-        [down + residual]. The norm after attention is the gate/up GEMM's prologue."""
+        """The fused layer step for a few slots in four launches (kernels/fused_linear.py,
+        kernels/attended_linear.py): [norm (+ pending) + qkv], [attention + out + residual],
+        [norm + gate/up + SiLU], [down + residual]. The norm after attention is the gate/up
+        GEMM's prologue."""
         # imported here: triton is absent from CPU-only installs, which never take this path
+        from kernels.attended_linear import attended_linear
         from kernels.fused_linear import add_fused_linear, fused_linear
-        from kernels.step_attention import step_attention
 
         batch, _, dim = x.shape
         in_proj = self.self_attn.in_proj[step]
@@ -136,8 +137,10 @@ class DepformerLayer(nn.Module):
             x, qkv = add_fused_linear(
                 x, pending, in_proj, alpha=self.norm1.alpha, eps=self.norm1.eps
             )
-        attended = step_attention(qkv.view(batch, 3 * dim), keys, values, step)
-        x = fused_linear(attended.view(x.shape), self.self_attn.out_proj[step], residual=x)
+        out_proj = self.self_attn.out_proj[step]
+        x = attended_linear(qkv.view(batch, 3 * dim), keys, values, step, out_proj, x[:, 0])[
+            :, None
+        ]
         linear_in, linear_out = self.gating.linear_in[step], self.gating.linear_out[step]
         gated = fused_linear(x, linear_in, alpha=self.norm2.alpha, eps=self.norm2.eps, gated=True)
         return fused_linear(gated, linear_out, residual=x)

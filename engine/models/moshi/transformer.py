@@ -137,11 +137,12 @@ class TemporalLayer(nn.Module):
         11.5 against cuBLAS's 16.3, down + residual 26.1 against 32.0; with the norm as their
         prologue fused_linear lost on qkv (39.3 on the swapped tiles, 36.7 on its best, CUDA-
         core tile, against 31.7) and gate/up (62.7 and 61.7 against 51.3), so those stay on
-        cuBLAS. Rounded where the per-op path rounds, but the down projection's sum,
+        cuBLAS. The SiLU gate is the down projection's prologue (gate_fused_linear: one
+        launch fewer a layer). Rounded where the per-op path rounds, but the down
+        projection's sum,
         rounded before the residual is added (the per-op path's addmm rounds once)."""
         # imported here: triton is absent from CPU-only installs, which never take this path
-        from kernels.fused_linear import fused_linear
-        from kernels.gated_silu import gated_silu
+        from kernels.fused_linear import fused_linear, gate_fused_linear
 
         attention, gating = self.self_attn, self.gating
         batch, _, dim = x.shape
@@ -152,8 +153,7 @@ class TemporalLayer(nn.Module):
         attended = attended.transpose(1, 2).reshape(batch, 1, dim)  # the heads side by side
         x = fused_linear(attended, attention.out_proj.weight, residual=x)
         normed = rms_norm(x, self.norm2.alpha, self.norm2.eps, True)
-        gated = gated_silu(gating.linear_in(normed))
-        return fused_linear(gated, gating.linear_out.weight, residual=x)
+        return gate_fused_linear(gating.linear_in(normed), gating.linear_out.weight, residual=x)
 
 
 class TemporalTransformer(nn.Module):

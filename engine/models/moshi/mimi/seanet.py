@@ -13,8 +13,8 @@ decoder = conv, per ratio (ELU, transposed conv, residual blocks), ELU, conv.
 
 `channels_last` (the codec's default on CUDA) keeps every activation, state buffer and weight
 time-major in memory ([slots, T, channels] under the [slots, channels, T] shape), and runs
-each convolution (transposed ones excepted, see StreamingConvTranspose1d) as a 2-d one over
-[slots, channels, 1, T] in channels-last format: cuDNN's
+each convolution as a 2-d one over [slots, channels, 1, T] in channels-last format (transposed
+ones are a matrix product, time-major in either layout: StreamingConvTranspose1d): cuDNN's
 TF32 kernels on Hopper are channels-last, so the default layout cost two layout conversions
 per convolution (at 1 call 33 nchwToNhwc kernels, 0.17 ms of an 8.9 ms tick, the reverse ones
 below the profile's top 25; at 128 calls 39 + 14 of both, 0.62 ms:
@@ -24,9 +24,10 @@ against Kyutai's Mimi); elementwise ops keep their input's layout, so none is co
 Measured on one H200 (`python3 bench/mimi_gpu.py --slots 1,128 --no-sweep`, both layouts in one
 run, bench/results/mimi_gpu_channels_last_first.json): encode 0.89 -> 0.80 ms at 1 call, 2.57
 -> 2.36 ms at 128 calls. Decode barely gained at 1 call (0.87 -> 0.85 ms) and lost at 128
-(2.66 -> 2.78 ms) to cuDNN's channels-last transposed convolutions, which now run time-last:
-decode at 128 calls 2.31 -> 2.07 ms between two runs of bench/engine_stages.py
-(bench/results/engine_stages_convtr_channels_last.json -> engine_stages_after.json).
+(2.66 -> 2.78 ms) to cuDNN's channels-last transposed convolutions; run time-last, decode at
+128 calls went 2.31 -> 2.07 ms between two runs of bench/engine_stages.py
+(bench/results/engine_stages_convtr_channels_last.json -> engine_stages_after.json), before
+they became matrix products.
 """
 
 import torch
@@ -185,6 +186,25 @@ class StreamingConv1d(Streaming):
 
 
 class StreamingConvTranspose1d(Streaming):
+    """Causal ConvTranspose1d of kernel 2 * stride (Mimi's every one), as a matrix product and
+    an overlap-add rather than cuDNN's transposed convolution:
+
+        taps[s, t, j, o] = sum_c x[s, c, t] * weight[c, o, j]   one GEMM [slots * T, in] @
+                           [in, kernel * out] (channel-wise, groups = in = out: a product)
+        y[s, o, t * stride + r] = taps[s, t, r, o] + taps[s, t - 1, stride + r, o] + bias[o]
+
+    where taps[s, -1] is `partial`, the second half the last frame owed to this one. The
+    weight is stored [in, kernel, out] in memory (the [in, out, kernel] shape kept: loading a
+    checkpoint copies into it and keeps the layout), so the GEMM reads it as it is; the state
+    and the output are time-major, the output converted to time-last when not `channels_last`.
+
+    cuDNN's transposed convolutions were slow on the decode path at one call: the channel-wise
+    upsample's dgrad kernel took 58.8 us and the four SEANet upsamplers ~50 us more (one H200,
+    `python3 bench/mimi_gpu.py --slots 1 --no-sweep`, bench/results/mimi_gpu_1_c4f227d.json);
+    in channels-last form slower still at 128 calls (568 us for the upsample,
+    mimi_gpu_channels_last_first.json).
+    """
+
     def __init__(
         self,
         in_channels: int,
@@ -199,41 +219,49 @@ class StreamingConvTranspose1d(Streaming):
         channels_last: bool = False,
     ) -> None:
         super().__init__()
+        if kernel != 2 * stride:
+            raise ValueError(f"transposed convolution kernel {kernel} must be twice the stride")
+        if groups not in (1, in_channels) or (groups > 1 and out_channels != in_channels):
+            raise ValueError(
+                f"groups {groups}: 1, or channel-wise ({in_channels} in and out channels)"
+            )
         self.convtr = nn.ConvTranspose1d(
             in_channels, out_channels, kernel, stride, groups=groups, bias=bias, device=device
         )
-        # Transposed convolutions run time-last whatever the stack's layout: in channels-last
-        # form cuDNN gave Mimi's channel-wise upsample (568 us of a 2.8 ms decode at 128 calls,
-        # bench/results/mimi_gpu_channels_last_first.json) and then one of the decoder's four
-        # upsamplers (566 us at 128 calls, bench/results/tick_kernels.json: a run before this
-        # change, its kernel named there by the tail of sm80_xmma_dgrad_implicit_gemm_...) a
-        # slow dgrad kernel; the other three took 138 us together. Time-last, decode at 128
-        # calls went 2.31 -> 2.07 ms (module docstring). `channels_last` converts the output.
+        weight = self.convtr.weight.data  # [in, out / groups, kernel]
+        self.convtr.weight.data = weight.permute(0, 2, 1).contiguous().permute(0, 2, 1)
+        self.stride = stride
         self.channels_last = channels_last
-        self.partial: Tensor
-        self.register_buffer(
-            "partial", torch.zeros(slots, out_channels, kernel - stride, device=device), False
-        )
+        self.partial: Tensor  # [slots, out, stride], stored time-major
+        partial = torch.zeros(slots, stride, out_channels, device=device).transpose(1, 2)
+        self.register_buffer("partial", partial, False)
 
     def reset(self, mask: Tensor) -> None:
         self.partial.masked_fill_(mask[:, None, None], 0.0)
 
     def adopt_state(self, pooled: Tensor) -> None:
-        """Keep `partial` in pooled ([slots, its size], see StatePool)."""
-        self.partial = pooled.view(self.partial.shape)
+        """Keep `partial` in pooled ([slots, its size], see StatePool), same layout."""
+        slots, channels, owed = self.partial.shape
+        self.partial = pooled.view(slots, owed, channels).transpose(1, 2)
 
     def forward(self, x: Tensor) -> Tensor:
         """x: [slots, in_channels, T] -> [slots, out_channels, T * stride]."""
-        y: Tensor = self.convtr(x.contiguous())  # no copy for a time-last input
-        owed = self.partial.shape[2]
-        y[..., :owed] += self.partial
-        tail = y[..., -owed:]
+        slots, channels, frames = x.shape
+        stride = self.stride
+        taps = self.convtr.weight.permute(0, 2, 1)  # [in, kernel, out / groups], contiguous
+        inputs = x.transpose(1, 2)  # [slots, T, in]
+        if self.convtr.groups == 1:
+            products = (inputs @ taps.reshape(channels, -1)).view(slots, frames, 2 * stride, -1)
+        else:  # channel-wise
+            products = inputs[:, :, None, :] * taps[:, :, 0].t()
+        owed = products[:, :, stride:]  # [slots, T, stride, out]: the next frame's share
+        carried = torch.cat([self.partial.transpose(1, 2)[:, None], owed[:, :-1]], dim=1)
+        out = carried.add_(products[:, :, :stride])
         if self.convtr.bias is not None:
-            # the bias is added once, by the frame the samples are emitted in
-            tail = tail - self.convtr.bias[:, None]
-        self.partial.copy_(tail)
-        out = y[..., :-owed]
-        return time_major_4d(out[:, :, None]) if self.channels_last else out
+            out.add_(self.convtr.bias)
+        self.partial.transpose(1, 2).copy_(owed[:, -1])
+        out = out.view(slots, frames * stride, -1).transpose(1, 2)  # time-major
+        return out if self.channels_last else out.contiguous()
 
 
 class ResnetBlock(nn.Module):

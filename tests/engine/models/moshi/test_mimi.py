@@ -73,7 +73,7 @@ def test_streaming_codes_and_audio_match_reference(context: int, channels_last: 
 def test_channels_last_codec_keeps_every_convolution_time_major() -> None:
     """Every convolution's input and output, and every convolution's state buffer, is stored
     [slots, T, channels] (channel stride 1), so cuDNN's channels-last kernels take them as
-    they are; transposed convolutions convert their own (seanet.py says why)."""
+    they are, and the transposed convolutions' matrix products too."""
     config = tiny().mimi
     codec = MimiCodec(config, 2, torch.device("cpu"), channels_last=True)
     seen: list[str] = []
@@ -87,9 +87,7 @@ def test_channels_last_codec_keeps_every_convolution_time_major() -> None:
     for module in codec.modules():
         if isinstance(module, StreamingConv1d | StreamingConvTranspose1d):
             module.register_forward_hook(check)
-            if isinstance(module, StreamingConvTranspose1d):
-                continue  # transposed convolutions run time-last (seanet.py), their state too
-            state = module.previous
+            state = module.previous if isinstance(module, StreamingConv1d) else module.partial
             if state.shape[1] > 1 and state.shape[2] > 1:
                 assert state.stride(1) == 1, state.stride()
     with torch.no_grad():

@@ -1,0 +1,200 @@
+"""The depth transformer's attention and its output projection + residual, as one launch.
+
+At a few slots the depformer's layer step is a chain of dependent launches of a few
+microseconds each, and its attention over the frame's steps (at most 8 entries of 16 heads)
+was one of them (kernels/step_attention.py, 48 a tick). Here every program of the output
+projection first attends itself, for all heads, then multiplies the result by its columns of
+the projection:
+
+    qkv:           [rows, 3 * dim]   in_proj's output, rows [q heads | k heads | v heads]
+    keys, values:  [slots, heads, steps, head_dim]   this layer's scratch, contiguous; entries
+                   < step hold this frame's earlier steps; entry `step` is written here
+    weight:        [n, dim]          out_proj's weight, unit-stride rows
+    residual:      [rows, n]         unit-stride rows
+    out:           [rows, n]         residual + attention(q, keys, values) @ weight^T
+
+    attention      softmax(q k^T / sqrt(head_dim)) v over entries 0..step, fp32, rounded to
+                   the model dtype (as step_attention rounds it); the product summed in fp32,
+                   rounded, then added to the residual and rounded (as fused_linear does)
+
+Program 0 writes this step's key and value into the scratch (later steps' launches read them);
+every program takes the current ones from qkv. A program reads the rows' q, k and v and the
+earlier entries twice (a pass for the softmax's maximum, one for the sums) from L2: a few tens
+of KB, so the grid is kept small (BLOCK_N columns each: 128 programs at dim 1024) rather than
+one program per pair of columns as fused_linear's. The first weight tile is loaded before the
+wait for the previous kernel (kernels/dependent_launch.py). Products on the CUDA cores, the
+rows at most MAX_ROWS (the broadcast product's registers).
+"""
+
+import math
+
+import torch
+import triton  # type: ignore[import-not-found,import-untyped,unused-ignore]
+import triton.language as tl  # type: ignore[import-not-found,import-untyped,unused-ignore]
+from torch import Tensor
+
+from kernels.dependent_launch import dependent, wait_for_inputs
+from kernels.fused_linear import STREAM, _store_block
+
+MAX_ROWS = 4
+BLOCK_N = 8  # output columns per program
+
+
+@triton.jit  # type: ignore[untyped-decorator,unused-ignore]
+def _entry(  # type: ignore[no-untyped-def,unused-ignore]
+    scratch_ptr, row, cols, inside, entry, steps, heads: tl.constexpr, head_dim: tl.constexpr
+):
+    """[block_m, dim] fp32: the scratch's entry `entry` for the rows, heads side by side."""
+    head = cols // head_dim
+    offsets = ((row[:, None] * heads + head[None, :]) * steps + entry) * head_dim
+    offsets = offsets + (cols % head_dim)[None, :]
+    return tl.load(scratch_ptr + offsets, mask=inside, other=0.0).to(tl.float32)
+
+
+@triton.jit  # type: ignore[untyped-decorator,unused-ignore]
+def _head_sums(x, heads: tl.constexpr, head_dim: tl.constexpr):  # type: ignore[no-untyped-def,unused-ignore]
+    """[block_m, heads * head_dim] -> [block_m, heads]: each head's sum."""
+    block_m: tl.constexpr = x.shape[0]
+    return tl.sum(tl.reshape(x, [block_m, heads, head_dim]), axis=2)
+
+
+@triton.jit  # type: ignore[untyped-decorator,unused-ignore]
+def _per_column(x, head_dim: tl.constexpr):  # type: ignore[no-untyped-def,unused-ignore]
+    """[block_m, heads] -> [block_m, heads * head_dim]: each head's value on its columns."""
+    block_m: tl.constexpr = x.shape[0]
+    heads: tl.constexpr = x.shape[1]
+    spread = tl.broadcast_to(x[:, :, None], [block_m, heads, head_dim])
+    return tl.reshape(spread, [block_m, heads * head_dim])
+
+
+@triton.jit(do_not_specialize=["rows", "step"])  # type: ignore[untyped-decorator,unused-ignore]
+def _attended_linear_kernel(  # type: ignore[no-untyped-def,unused-ignore]
+    qkv_ptr,
+    keys_ptr,
+    values_ptr,
+    weight_ptr,
+    residual_ptr,
+    out_ptr,
+    rows,
+    n,
+    stride_qkv,
+    stride_weight,
+    stride_residual,
+    steps,
+    step,
+    scale,
+    heads: tl.constexpr,
+    head_dim: tl.constexpr,
+    block_m: tl.constexpr,
+    block_n: tl.constexpr,
+    pdl: tl.constexpr,
+):
+    dim: tl.constexpr = heads * head_dim
+    program = tl.program_id(0)
+    row = tl.arange(0, block_m)
+    row_in = row < rows
+    cols = tl.arange(0, dim)
+    inside = row_in[:, None]
+    col = program * block_n + tl.arange(0, block_n)
+    w_offsets = col.to(tl.int64)[:, None] * stride_weight + cols[None, :]
+    # weights are never written in a tick: loaded before the wait (module docstring)
+    w = tl.load(weight_ptr + w_offsets, mask=(col < n)[:, None], other=0.0, eviction_policy=STREAM)
+    wait_for_inputs(pdl)
+    source = qkv_ptr + row[:, None].to(tl.int64) * stride_qkv + cols[None, :]
+    q = tl.load(source, mask=inside, other=0.0).to(tl.float32)
+    k_now = tl.load(source + dim, mask=inside, other=0.0)
+    v_now = tl.load(source + 2 * dim, mask=inside, other=0.0)
+    if program == 0:
+        head = cols // head_dim
+        here = ((row[:, None] * heads + head[None, :]) * steps + step) * head_dim
+        here = here + (cols % head_dim)[None, :]
+        tl.store(keys_ptr + here, k_now, mask=inside)
+        tl.store(values_ptr + here, v_now, mask=inside)
+    k_now = k_now.to(tl.float32)
+    # the softmax's maximum over entries 0..step, then its weights and sums
+    current = _head_sums(q * k_now, heads, head_dim) * scale  # [block_m, heads]
+    top = current
+    for entry in range(0, step):
+        keys = _entry(keys_ptr, row, cols, inside, entry, steps, heads, head_dim)
+        top = tl.maximum(top, _head_sums(q * keys, heads, head_dim) * scale)
+    weight_now = tl.exp(current - top)
+    total = weight_now
+    mixed = _per_column(weight_now, head_dim) * v_now.to(tl.float32)
+    for entry in range(0, step):
+        keys = _entry(keys_ptr, row, cols, inside, entry, steps, heads, head_dim)
+        share = tl.exp(_head_sums(q * keys, heads, head_dim) * scale - top)
+        total += share
+        values = _entry(values_ptr, row, cols, inside, entry, steps, heads, head_dim)
+        mixed += _per_column(share, head_dim) * values
+    dtype = out_ptr.dtype.element_ty
+    attended = (mixed / _per_column(total, head_dim)).to(dtype).to(tl.float32)
+    acc = tl.sum(attended[:, None, :] * w.to(tl.float32)[None, :, :], axis=2)
+    _store_block(acc, acc, residual_ptr, out_ptr, stride_residual, n, row, row_in, col, True, False)
+
+
+def attended_linear_reference(
+    qkv: Tensor, keys: Tensor, values: Tensor, step: int, weight: Tensor, residual: Tensor
+) -> Tensor:
+    """Writes step's key and value into the scratch; residual + attention @ weight^T, rounded
+    where the module docstring says (the attention as step_attention_reference's)."""
+    # imported here: the reference is for tests and benches
+    from kernels.step_attention import step_attention_reference
+
+    attended = step_attention_reference(qkv, keys, values, step)
+    product = torch.nn.functional.linear(attended.float(), weight.float()).to(qkv.dtype)
+    return residual + product
+
+
+def attended_linear(
+    qkv: Tensor, keys: Tensor, values: Tensor, step: int, weight: Tensor, residual: Tensor
+) -> Tensor:
+    """qkv [rows, 3 * dim], scratch [slots >= rows, heads, steps, head_dim], weight [n, dim],
+    residual [rows, n] -> [rows, n] (module docstring); writes the scratch's entry `step`."""
+    rows, width = qkv.shape
+    _, heads, steps, head_dim = keys.shape
+    dim = heads * head_dim
+    n = weight.shape[0]
+    assert width == 3 * dim, (tuple(qkv.shape), tuple(keys.shape))
+    assert 1 <= rows <= MAX_ROWS, f"{rows} rows: the kernel takes 1 to {MAX_ROWS}"
+    assert rows <= keys.shape[0], (rows, tuple(keys.shape))
+    assert dim & (dim - 1) == 0, f"width {dim} must be a power of two"
+    assert head_dim & (head_dim - 1) == 0, f"head_dim {head_dim} must be a power of two"
+    assert qkv.stride(-1) == 1, f"qkv rows must be unit-stride, strides {qkv.stride()}"
+    assert keys.is_contiguous(), "the key scratch must be contiguous"
+    assert values.is_contiguous(), "the value scratch must be contiguous"
+    assert values.shape == keys.shape, (tuple(values.shape), tuple(keys.shape))
+    assert weight.shape == (n, dim), (tuple(weight.shape), dim)
+    assert weight.stride(1) == 1, f"weight rows must be unit-stride, strides {weight.stride()}"
+    assert residual.shape == (rows, n), (tuple(residual.shape), rows, n)
+    assert residual.stride(1) == 1, f"residual rows must be unit-stride, {residual.stride()}"
+    assert qkv.dtype in (torch.float32, torch.float16, torch.bfloat16), qkv.dtype
+    for tensor in (keys, values, weight, residual):
+        assert tensor.dtype == qkv.dtype, (tensor.dtype, qkv.dtype)
+        assert tensor.device == qkv.device, "tensors on one device"
+    assert 0 <= step < steps, (step, steps)
+    out = torch.empty(rows, n, device=qkv.device, dtype=qkv.dtype)
+    pdl = dependent(qkv, "attended_linear")
+    _attended_linear_kernel[(triton.cdiv(n, BLOCK_N),)](
+        qkv,
+        keys,
+        values,
+        weight,
+        residual,
+        out,
+        rows,
+        n,
+        qkv.stride(0),
+        weight.stride(0),
+        residual.stride(0),
+        steps,
+        step,
+        1.0 / math.sqrt(head_dim),
+        heads=heads,
+        head_dim=head_dim,
+        block_m=triton.next_power_of_2(rows),
+        block_n=BLOCK_N,
+        pdl=pdl,
+        launch_pdl=pdl,
+        num_warps=4,
+    )
+    return out
