@@ -18,12 +18,15 @@ the projection:
                    rounded, then added to the residual and rounded (as fused_linear does)
 
 Program 0 writes this step's key and value into the scratch (later steps' launches read them);
-every program takes the current ones from qkv. A program reads the rows' q, k and v and the
-earlier entries twice (a pass for the softmax's maximum, one for the sums) from L2: a few tens
-of KB, so the grid is kept small (BLOCK_N columns each: 128 programs at dim 1024) rather than
-one program per pair of columns as fused_linear's. The first weight tile is loaded before the
+every program takes the current ones from qkv. A program reads the rows' q, k and v and all
+the earlier entries at once (one round trip to L2; a first version read them entry by entry,
+twice, and the 1-slot depformer stage ran 1.16 -> 1.21 ms, bench/results/
+engine_stages_fusions_{old,new}.json): a few tens of KB, so the grid is kept small (BLOCK_N
+columns each: 128 programs at dim 1024) rather than one program per pair of columns as
+fused_linear's. The first weight tile is loaded before the
 wait for the previous kernel (kernels/dependent_launch.py). Products on the CUDA cores, the
-rows at most MAX_ROWS (the broadcast product's registers).
+rows at most MAX_ROWS (the entries' and the broadcast product's registers; the warps grow
+with the rows).
 """
 
 import math
@@ -38,33 +41,6 @@ from kernels.fused_linear import STREAM, _store_block
 
 MAX_ROWS = 4
 BLOCK_N = 8  # output columns per program
-
-
-@triton.jit  # type: ignore[untyped-decorator,unused-ignore]
-def _entry(  # type: ignore[no-untyped-def,unused-ignore]
-    scratch_ptr, row, cols, inside, entry, steps, heads: tl.constexpr, head_dim: tl.constexpr
-):
-    """[block_m, dim] fp32: the scratch's entry `entry` for the rows, heads side by side."""
-    head = cols // head_dim
-    offsets = ((row[:, None] * heads + head[None, :]) * steps + entry) * head_dim
-    offsets = offsets + (cols % head_dim)[None, :]
-    return tl.load(scratch_ptr + offsets, mask=inside, other=0.0).to(tl.float32)
-
-
-@triton.jit  # type: ignore[untyped-decorator,unused-ignore]
-def _head_sums(x, heads: tl.constexpr, head_dim: tl.constexpr):  # type: ignore[no-untyped-def,unused-ignore]
-    """[block_m, heads * head_dim] -> [block_m, heads]: each head's sum."""
-    block_m: tl.constexpr = x.shape[0]
-    return tl.sum(tl.reshape(x, [block_m, heads, head_dim]), axis=2)
-
-
-@triton.jit  # type: ignore[untyped-decorator,unused-ignore]
-def _per_column(x, head_dim: tl.constexpr):  # type: ignore[no-untyped-def,unused-ignore]
-    """[block_m, heads] -> [block_m, heads * head_dim]: each head's value on its columns."""
-    block_m: tl.constexpr = x.shape[0]
-    heads: tl.constexpr = x.shape[1]
-    spread = tl.broadcast_to(x[:, :, None], [block_m, heads, head_dim])
-    return tl.reshape(spread, [block_m, heads * head_dim])
 
 
 @triton.jit(do_not_specialize=["rows", "step"])  # type: ignore[untyped-decorator,unused-ignore]
@@ -85,6 +61,7 @@ def _attended_linear_kernel(  # type: ignore[no-untyped-def,unused-ignore]
     scale,
     heads: tl.constexpr,
     head_dim: tl.constexpr,
+    steps_pow2: tl.constexpr,
     block_m: tl.constexpr,
     block_n: tl.constexpr,
     pdl: tl.constexpr,
@@ -104,30 +81,31 @@ def _attended_linear_kernel(  # type: ignore[no-untyped-def,unused-ignore]
     q = tl.load(source, mask=inside, other=0.0).to(tl.float32)
     k_now = tl.load(source + dim, mask=inside, other=0.0)
     v_now = tl.load(source + 2 * dim, mask=inside, other=0.0)
+    # [block_m, steps_pow2, dim]: entry e of the rows' heads side by side; all the earlier
+    # entries in one load (one round trip to L2), the current one from qkv
+    entries = tl.arange(0, steps_pow2)
+    scratch = (row[:, None] * heads + (cols // head_dim)[None, :]) * (steps * head_dim)
+    scratch = scratch + (cols % head_dim)[None, :]
     if program == 0:
-        head = cols // head_dim
-        here = ((row[:, None] * heads + head[None, :]) * steps + step) * head_dim
-        here = here + (cols % head_dim)[None, :]
-        tl.store(keys_ptr + here, k_now, mask=inside)
-        tl.store(values_ptr + here, v_now, mask=inside)
-    k_now = k_now.to(tl.float32)
-    # the softmax's maximum over entries 0..step, then its weights and sums
-    current = _head_sums(q * k_now, heads, head_dim) * scale  # [block_m, heads]
-    top = current
-    for entry in range(0, step):
-        keys = _entry(keys_ptr, row, cols, inside, entry, steps, heads, head_dim)
-        top = tl.maximum(top, _head_sums(q * keys, heads, head_dim) * scale)
-    weight_now = tl.exp(current - top)
-    total = weight_now
-    mixed = _per_column(weight_now, head_dim) * v_now.to(tl.float32)
-    for entry in range(0, step):
-        keys = _entry(keys_ptr, row, cols, inside, entry, steps, heads, head_dim)
-        share = tl.exp(_head_sums(q * keys, heads, head_dim) * scale - top)
-        total += share
-        values = _entry(values_ptr, row, cols, inside, entry, steps, heads, head_dim)
-        mixed += _per_column(share, head_dim) * values
+        tl.store(keys_ptr + scratch + step * head_dim, k_now, mask=inside)
+        tl.store(values_ptr + scratch + step * head_dim, v_now, mask=inside)
+    at = scratch[:, None, :] + (entries * head_dim)[None, :, None]
+    earlier = inside[:, :, None] & (entries < step)[None, :, None]
+    current = (entries == step)[None, :, None]
+    keys = tl.load(keys_ptr + at, mask=earlier, other=0.0)
+    keys = tl.where(current, k_now[:, None, :], keys).to(tl.float32)
+    values = tl.load(values_ptr + at, mask=earlier, other=0.0)
+    values = tl.where(current, v_now[:, None, :], values).to(tl.float32)
+    products = tl.reshape(q[:, None, :] * keys, [block_m, steps_pow2, heads, head_dim])
+    scores = tl.sum(products, axis=3) * scale  # [block_m, steps_pow2, heads]
+    scores = tl.where((entries <= step)[None, :, None], scores, float("-inf"))
+    shares = tl.exp(scores - tl.max(scores, axis=1)[:, None, :])
+    total = tl.sum(shares, axis=1)  # [block_m, heads]
+    spread = tl.broadcast_to(shares[:, :, :, None], [block_m, steps_pow2, heads, head_dim])
+    mixed = tl.sum(tl.reshape(spread, [block_m, steps_pow2, dim]) * values, axis=1)
+    per_column = tl.broadcast_to(total[:, :, None], [block_m, heads, head_dim])
     dtype = out_ptr.dtype.element_ty
-    attended = (mixed / _per_column(total, head_dim)).to(dtype).to(tl.float32)
+    attended = (mixed / tl.reshape(per_column, [block_m, dim])).to(dtype).to(tl.float32)
     acc = tl.sum(attended[:, None, :] * w.to(tl.float32)[None, :, :], axis=2)
     _store_block(acc, acc, residual_ptr, out_ptr, stride_residual, n, row, row_in, col, True, False)
 
@@ -191,10 +169,12 @@ def attended_linear(
         1.0 / math.sqrt(head_dim),
         heads=heads,
         head_dim=head_dim,
+        steps_pow2=triton.next_power_of_2(steps),
         block_m=triton.next_power_of_2(rows),
         block_n=BLOCK_N,
         pdl=pdl,
         launch_pdl=pdl,
-        num_warps=4,
+        # the entries' tiles hold rows * steps * dim values: 64 a thread at any row count
+        num_warps=4 * triton.next_power_of_2(rows),
     )
     return out

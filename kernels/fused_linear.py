@@ -13,8 +13,6 @@ down). With this kernel a layer step is 5: [norm(+pending) + qkv], [attention],
     out:         [..., n]        contiguous, in x's dtype
 
     total  = x + pending                          rounded to x's dtype (add_fused_linear)
-             or silu(x) * pending, as kernels/gated_silu.py rounds it, not normed
-             (gate_fused_linear: x and pending the [gate | up] halves of an FFN's h)
     normed = total * (alpha * rsqrt(eps + mean(total^2)))   fp32, rounded to x's dtype
     y      = normed @ weight^T                    fp32 accumulation, rounded to x's dtype
     out    = y | residual + y | silu(y_gate) * y_up     rounded as torch's bf16 ops round
@@ -134,9 +132,6 @@ CUDA_CORE_ROWS = 4  # default_tiles: rows up to this many on the CUDA cores
 # default_tiles: from this k (the temporal layer's residual GEMMs) the swapped, split tiles
 SWAP_K = 4096
 NORM_K = 512  # the swapped kernel's norm statistics: this much of k per iteration
-# the kernels' pending_mode: no second input, x + pending (add_fused_linear), or silu(x) *
-# pending (gate_fused_linear)
-PENDING_NONE, PENDING_SUM, PENDING_GATE = 0, 1, 2
 SHARED_BYTES = 200 << 10  # the swapped kernel's pipeline stages: at most this much (228 KB/SM)
 # per device: the split units' sums and arrival counts, the last the largest (_split_workspace)
 _WORKSPACES: dict[torch.device, list[tuple[Tensor, Tensor]]] = {}
@@ -218,21 +213,15 @@ def _load_rows(  # type: ignore[no-untyped-def,unused-ignore]
     rows,
     cols,
     inside,
-    pending_mode: tl.constexpr,
+    has_pending: tl.constexpr,
 ):
-    """[block_m, block_k] of x, or x + pending (pending_mode PENDING_SUM), or silu(x) *
-    pending (PENDING_GATE), rounded to x's dtype."""
+    """[block_m, block_k] of x (+ pending, rounded to x's dtype)."""
     x = tl.load(x_ptr + rows[:, None] * stride_x + cols[None, :], mask=inside, other=0.0)
-    if pending_mode != 0:
+    if has_pending:
         pending = tl.load(
             pending_ptr + rows[:, None] * stride_pending + cols[None, :], mask=inside, other=0.0
         )
-        if pending_mode == 1:
-            x = (x.to(tl.float32) + pending.to(tl.float32)).to(x.dtype)
-        else:  # silu(x) * pending, rounded as kernels/gated_silu.py rounds
-            gate = x.to(tl.float32)
-            silu = (gate / (1.0 + tl.exp(-gate))).to(x.dtype)
-            x = (silu.to(tl.float32) * pending.to(tl.float32)).to(x.dtype)
+        x = (x.to(tl.float32) + pending.to(tl.float32)).to(x.dtype)
     return x
 
 
@@ -264,7 +253,7 @@ def _inverse_rms(  # type: ignore[no-untyped-def,unused-ignore]
     row_in,
     steps,
     writer,
-    pending_mode: tl.constexpr,
+    has_pending: tl.constexpr,
 ):
     """[block_m] 1 / rms of each row of x (+ pending), a first pass over the rows; with
     `pending` the `writer` program also stores the sum (the others only read it)."""
@@ -275,10 +264,10 @@ def _inverse_rms(  # type: ignore[no-untyped-def,unused-ignore]
         cols = start + steps
         inside = row_in[:, None] & (cols < k)[None, :]
         total = _load_rows(
-            x_ptr, pending_ptr, stride_x, stride_pending, row, cols, inside, pending_mode
+            x_ptr, pending_ptr, stride_x, stride_pending, row, cols, inside, has_pending
         )
         # two ifs: the first is resolved at compile time, the second at run time
-        if pending_mode != 0:  # noqa: SIM102
+        if has_pending:  # noqa: SIM102
             if writer:
                 tl.store(total_ptr + row[:, None] * k + cols[None, :], total, mask=inside)
         total_f32 = total.to(tl.float32)
@@ -299,13 +288,13 @@ def _normed_rows(  # type: ignore[no-untyped-def,unused-ignore]
     k,
     inv,
     norm: tl.constexpr,
-    pending_mode: tl.constexpr,
+    has_pending: tl.constexpr,
 ):
     """[block_m, block_k] of x (+ pending) at columns `cols`, RMS-normed with `inv`
     (_inverse_rms) and the gain when `norm`, rounded to x's dtype."""
     cols_in = cols < k
     inside = row_in[:, None] & cols_in[None, :]
-    x = _load_rows(x_ptr, pending_ptr, stride_x, stride_pending, row, cols, inside, pending_mode)
+    x = _load_rows(x_ptr, pending_ptr, stride_x, stride_pending, row, cols, inside, has_pending)
     if norm:
         alpha = tl.load(alpha_ptr + cols, mask=cols_in, other=0.0).to(tl.float32)
         x = (x.to(tl.float32) * (alpha[None, :] * inv[:, None])).to(x.dtype)
@@ -347,7 +336,7 @@ def _fused_linear_kernel(  # type: ignore[no-untyped-def,unused-ignore]
     block_n: tl.constexpr,
     block_k: tl.constexpr,
     norm: tl.constexpr,
-    pending_mode: tl.constexpr,
+    has_pending: tl.constexpr,
     has_residual: tl.constexpr,
     gated: tl.constexpr,
     dot: tl.constexpr,
@@ -376,7 +365,7 @@ def _fused_linear_kernel(  # type: ignore[no-untyped-def,unused-ignore]
     if norm:
         inv = _inverse_rms(
             x_ptr, pending_ptr, total_ptr, stride_x, stride_pending, k, eps, row, row_in,
-            steps, program == 0, pending_mode,
+            steps, program == 0, has_pending,
         )  # fmt: skip
     acc = tl.zeros([block_m, block_n], dtype=tl.float32)
     acc_up = tl.zeros([block_m, block_n], dtype=tl.float32)
@@ -391,7 +380,7 @@ def _fused_linear_kernel(  # type: ignore[no-untyped-def,unused-ignore]
         )
         x = _normed_rows(
             x_ptr, pending_ptr, alpha_ptr, stride_x, stride_pending, row, row_in,
-            k_tile * block_k + steps, k, inv, norm, pending_mode,
+            k_tile * block_k + steps, k, inv, norm, has_pending,
         )  # fmt: skip
         acc = _product(acc, x, w, dot, widen)
         if gated:
@@ -470,7 +459,7 @@ def _swapped_linear_kernel(  # type: ignore[no-untyped-def,unused-ignore]
     norm_k: tl.constexpr,
     splits: tl.constexpr,
     norm: tl.constexpr,
-    pending_mode: tl.constexpr,
+    has_pending: tl.constexpr,
     has_residual: tl.constexpr,
     gated: tl.constexpr,
     widen: tl.constexpr,
@@ -498,7 +487,7 @@ def _swapped_linear_kernel(  # type: ignore[no-untyped-def,unused-ignore]
     if norm:
         inv = _inverse_rms(
             x_ptr, pending_ptr, total_ptr, stride_x, stride_pending, k, eps, row, row_in,
-            tl.arange(0, norm_k), program == 0, pending_mode,
+            tl.arange(0, norm_k), program == 0, has_pending,
         )  # fmt: skip
     part_k = tl.cdiv(tl.cdiv(k, block_k), splits) * block_k  # the k of one unit
     # one unit's sums in partial_ptr: [block_n, block_m], and the up half's after them
@@ -514,7 +503,7 @@ def _swapped_linear_kernel(  # type: ignore[no-untyped-def,unused-ignore]
             w, w_up = _weight_tiles(weight_ptr, stride_weight, n, k, col, cols, gated)
             x = _normed_rows(
                 x_ptr, pending_ptr, alpha_ptr, stride_x, stride_pending, row, row_in, cols,
-                k, inv, norm, pending_mode,
+                k, inv, norm, has_pending,
             )  # fmt: skip
             acc = _product_swapped(acc, w, x, widen)
             if gated:
@@ -607,9 +596,7 @@ def _launch(
     residual: Tensor | None,
     gated: bool,
     tiles: Tiles | None,
-    pending_gates: bool = False,
 ) -> tuple[Tensor, Tensor]:
-    """`pending_gates`: the rows are silu(x) * pending (PENDING_GATE), else x + pending."""
     k = x.shape[-1]
     rows = _rows(x, k, "x")
     count = rows.shape[0]
@@ -628,19 +615,13 @@ def _launch(
     out = torch.empty(*x.shape[:-1], n, device=x.device, dtype=x.dtype)
     total = x
     pending_rows = rows
-    pending_mode = PENDING_NONE
     if pending is not None:
-        pending_mode = PENDING_GATE if pending_gates else PENDING_SUM
-        if pending_gates:
-            assert alpha is None, "the gate's rows are not normed"
-        else:
-            assert alpha is not None, "pending is added in the norm's prologue: give alpha"
+        assert alpha is not None, "pending is added in the norm's prologue: give alpha"
         assert pending.shape == x.shape, (tuple(pending.shape), tuple(x.shape))
         assert pending.dtype == x.dtype, (pending.dtype, x.dtype)
         assert pending.device == x.device, "tensors on one device"
         pending_rows = _rows(pending, k, "pending")
-        if not pending_gates:
-            total = torch.empty(x.shape, device=x.device, dtype=x.dtype)
+        total = torch.empty(x.shape, device=x.device, dtype=x.dtype)
     if alpha is not None:
         assert alpha.numel() == k, (tuple(alpha.shape), k)
         assert alpha.is_contiguous(), "alpha must be contiguous"
@@ -700,7 +681,7 @@ def _launch(
         block_n=tiles.block_n,
         block_k=tiles.block_k,
         norm=alpha is not None,
-        pending_mode=pending_mode,
+        has_pending=pending is not None,
         has_residual=residual is not None,
         gated=gated,
         **modes,
@@ -742,19 +723,3 @@ def add_fused_linear(
 ) -> tuple[Tensor, Tensor]:
     """x, pending: [..., k] -> (x + pending, linear(rms_norm(x + pending))), one launch."""
     return _launch(x, weight, alpha, eps, pending, None, gated, tiles)
-
-
-def gate_fused_linear(
-    h: Tensor,
-    weight: Tensor,
-    *,
-    residual: Tensor | None = None,
-    tiles: Tiles | None = None,
-) -> Tensor:
-    """h: [..., 2 * k] ([gate | up], a gated FFN's linear_in output) -> linear(silu(gate) *
-    up) (+ residual): [..., n], one launch, the gate computed as the rows load (rounded as
-    kernels/gated_silu.py rounds it)."""
-    assert h.shape[-1] % 2 == 0, f"h: {tuple(h.shape)}, [gate | up] needs an even width"
-    k = h.shape[-1] // 2
-    gate, up = h[..., :k], h[..., k:]
-    return _launch(gate, weight, None, 0.0, up, residual, False, tiles, pending_gates=True)[1]

@@ -21,9 +21,7 @@ from kernels.fused_linear import (
     add_fused_linear,
     fused_linear,
     fused_linear_reference,
-    gate_fused_linear,
 )
-from kernels.gated_silu import gated_silu_reference
 
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 EPS = 1e-8
@@ -46,8 +44,7 @@ FEW_PROGRAM_TILES = [
     # 9 units on 2 programs: a program adds two parts of one block, the other arrives last
     Tiles(block_n=16, block_k=32, dot=True, programs_per_sm=2, swap=True, splits=3),
 ]
-# the modes of the module docstring: (norm, pending, residual, gated); the gate_rows modes
-# are gate_fused_linear's (pending is the up half, the rows silu(x) * pending, not normed)
+# the modes of the module docstring: (norm, pending, residual, gated)
 MODES = {
     "plain": (False, False, False, False),
     "norm": (True, False, False, False),
@@ -55,8 +52,6 @@ MODES = {
     "residual": (False, False, True, False),
     "norm_gated": (True, False, False, True),
     "norm_pending_gated": (True, True, False, True),
-    "gate_rows": (False, True, False, False),
-    "gate_rows_residual": (False, True, True, False),
 }
 
 interpreter = pytest.mark.interpreter
@@ -103,12 +98,6 @@ def _check(
     alpha = _randn(1, 1, k, dtype=dtype, seed=3) if norm else None
     pending = _randn(rows, 1, k, dtype=dtype, seed=4) if has_pending else None
     residual = _randn(rows, 1, n, dtype=dtype, seed=5) if has_residual else None
-    if mode.startswith("gate_rows"):
-        assert pending is not None
-        h = torch.cat([x, pending], dim=-1)  # [gate | up]
-        _, want = fused_linear_reference(gated_silu_reference(h), weight, residual=residual)
-        _assert_near(gate_fused_linear(h, weight, residual=residual, tiles=tiles), want)
-        return
     want_total, want = fused_linear_reference(
         x, weight, alpha=alpha, eps=EPS, pending=pending, residual=residual, gated=gated
     )
@@ -216,7 +205,6 @@ def test_reads_a_column_slice_and_refuses_bad_layouts() -> None:
         ("norm_gated", 11264, 4096),
         ("residual", 4096, 4096),  # its out_proj
         ("residual", 4096, 11264),
-        ("gate_rows_residual", 4096, 11264),  # its down projection, the gate its prologue
     ],
 )
 def test_seven_b_shapes_bf16(mode: str, n: int, k: int, rows: int) -> None:
