@@ -53,12 +53,13 @@ def _side_stream(device: torch.device) -> torch.cuda.Stream:
 
 def prefetch_ahead(weight: Tensor, nbytes: int) -> None:
     """On the device's side stream, once the current stream's work so far is done, prefetch
-    the first `nbytes` of weight (rounded down to 16 bytes, at most all of it) into L2."""
-    assert weight.is_cuda, "L2 prefetch is for CUDA tensors"
-    assert weight.is_contiguous(), "the weight must be contiguous"
+    the first `nbytes` of weight (rounded down to 16 bytes, at most all of it) into L2;
+    nothing at all (any device) when that is 0."""
     nbytes = min(nbytes, weight.numel() * weight.element_size()) // 16 * 16
     if nbytes <= 0:
         return
+    assert weight.is_cuda, "L2 prefetch is for CUDA tensors"
+    assert weight.is_contiguous(), "the weight must be contiguous"
     main = torch.cuda.current_stream(weight.device)
     side = _side_stream(weight.device)
     side.wait_stream(main)
