@@ -22,9 +22,7 @@ slots, on the few-rows path whatever the default threshold (`temporal_few_rows`)
 kernels/dependent_launch.py). `--tiles` times the depformer's few-rows path with each given
 fused_linear tile (`block_n:block_k:warps[:programs_per_sm]`, CUDA cores) as
 `depformer_tiles`. `--pdl-skip` names kernels that launch without PDL in every run
-(kernels/dependent_launch.SKIPPED). `--prefetch` times the temporal stage (up to its few-rows
-threshold) with each given number of MB of every GEMM's weight sent to L2 ahead of it
-(kernels/l2_prefetch.py) as `temporal_prefetch`.
+(kernels/dependent_launch.SKIPPED).
 
 Reported per stage: median and p99 ms per replay (CUDA events, 50 replays after 5), and the
 number of kernels one eager run of the stage launches (torch profiler). The sum of the
@@ -55,7 +53,6 @@ from engine.models.moshi.mimi.codec import MimiCodec
 from engine.models.moshi.model import randomize
 from engine.models.moshi.sampling import Sampling, sample
 from engine.models.moshi.transformer import FEW_ROWS as TEMPORAL_FEW_ROWS
-from engine.models.moshi.transformer import PREFETCH_BYTES as TEMPORAL_PREFETCH
 from kernels import dependent_launch
 from kernels.fused_linear import MAX_ROWS, Tiles
 
@@ -78,7 +75,6 @@ def stages(
     per_op: bool,
     pdl: str,
     tiles_swept: list[Tiles],
-    prefetch_swept: list[int],
 ) -> dict[str, Any]:
     config = moshiko()
     device = torch.device("cuda")
@@ -130,14 +126,6 @@ def stages(
                         log.info("%d slots %s %s", slots, name + suffix, row[name + suffix])
                 lm.transformer.few_rows = TEMPORAL_FEW_ROWS
         dependent_launch.ENABLED = True
-        if prefetch_swept and "temporal" in plan and slots <= lm.transformer.few_rows:
-            row["temporal_prefetch"] = {}
-            for megabytes in prefetch_swept:
-                lm.transformer.prefetch_bytes = megabytes << 20
-                row["temporal_prefetch"][str(megabytes)] = timed(plan["temporal"])
-                log.info("%d slots temporal, prefetch %d MB %s", slots, megabytes,
-                         row["temporal_prefetch"][str(megabytes)])  # fmt: skip
-            lm.transformer.prefetch_bytes = TEMPORAL_PREFETCH
         if tiles_swept and "depformer" in plan and slots <= lm.depformer.few_rows:
             default = fused_linear_module.default_tiles
             row["depformer_tiles"] = {}
@@ -163,9 +151,7 @@ def main() -> int:
     parser.add_argument("--pdl", choices=["on", "off", "both"], default="on")
     parser.add_argument("--pdl-skip", help="kernels launched without PDL (default: the module's)")
     parser.add_argument("--tiles", default="", help="block_n:block_k:warps[:programs_per_sm],...")
-    parser.add_argument("--prefetch", default="", help="MB of each temporal GEMM's weight,...")
     args = parser.parse_args()
-    prefetch = [int(megabytes) for megabytes in args.prefetch.split(",") if megabytes]
     tiles = [parse_tiles(spec) for spec in args.tiles.split(",") if spec]
     if args.pdl_skip is not None:
         dependent_launch.SKIPPED = frozenset(name for name in args.pdl_skip.split(",") if name)
@@ -178,7 +164,7 @@ def main() -> int:
         "rows": [],
     }
     for slots in [int(s) for s in args.slots.split(",")]:
-        row = stages(slots, args.stages.split(","), args.per_op, args.pdl, tiles, prefetch)
+        row = stages(slots, args.stages.split(","), args.per_op, args.pdl, tiles)
         result["rows"].append(row)
         torch.cuda.empty_cache()
         if args.json:

@@ -43,8 +43,6 @@ RMS_EPS = 1e-8
 # the largest batch whose decode steps run on the few-rows linears of kernels/fused_linear.py
 # (TemporalLayer._few_rows; measured: see that module's docstring); at most its MAX_ROWS
 FEW_ROWS = 4
-# TemporalTransformer.prefetch_bytes' default (kernels/l2_prefetch.py): not measured to win yet
-PREFETCH_BYTES = 0
 
 
 class GatedFfn(nn.Module):
@@ -116,16 +114,13 @@ class TemporalLayer(nn.Module):
         values: Tensor,
         mask: Tensor | RingRead,
         few_rows: bool = False,
-        prefetch: int = 0,
     ) -> Tensor:
         """`few_rows` (one frame per slot through the ring kernels, at most
         TemporalTransformer.few_rows slots): the residual GEMMs on the swapped tiles, see
-        _few_rows; only with the fused kernels (`fused`), as that path is made of them.
-        `prefetch`: on that path, the first this many bytes of each GEMM's weight are sent
-        to L2 from a side stream ahead of it (kernels/l2_prefetch.py; 0: none)."""
+        _few_rows; only with the fused kernels (`fused`), as that path is made of them."""
         fused = fused_on(x, self.fused)
         if few_rows and fused and isinstance(mask, RingRead) and mask.mask is None:
-            return self._few_rows(x, start, keys, values, mask, prefetch)
+            return self._few_rows(x, start, keys, values, mask)
         normed = rms_norm(x, self.norm1.alpha, self.norm1.eps, fused)
         attended = self.self_attn(normed, start, keys, values, mask)
         x, normed = add_rms_norm(x, attended, self.norm2.alpha, self.norm2.eps, fused)
@@ -133,13 +128,7 @@ class TemporalLayer(nn.Module):
         return out
 
     def _few_rows(
-        self,
-        x: Tensor,
-        start: Tensor,
-        keys: Tensor,
-        values: Tensor,
-        ring: RingRead,
-        prefetch: int,
+        self, x: Tensor, start: Tensor, keys: Tensor, values: Tensor, ring: RingRead
     ) -> Tensor:
         """The layer for a few slots: the two GEMMs that end in the residual add (out_proj,
         linear_out) on kernels/fused_linear.py's swapped tiles, the add their epilogue; the
@@ -148,32 +137,31 @@ class TemporalLayer(nn.Module):
         11.5 against cuBLAS's 16.3, down + residual 26.1 against 32.0; with the norm as their
         prologue fused_linear lost on qkv (39.3 on the swapped tiles, 36.7 on its best, CUDA-
         core tile, against 31.7) and gate/up (62.7 and 61.7 against 51.3), so those stay on
-        cuBLAS. The SiLU gate as the down projection's prologue (its rows computed as they
-        load) ran the 1-slot stage 4.37 -> 4.86 ms (`python3 bench/engine_stages.py --slots
-        1,128`, bench/results/engine_stages_fusions_{old,new}.json): every unit recomputes the
-        gate of its k range for all 16 padded rows; not kept. Rounded where the per-op path
-        rounds, but the down projection's sum,
+        cuBLAS. Two more tries at one slot, each timed with `python3 bench/engine_stages.py
+        --slots 1` and reverted: the SiLU gate as the down projection's prologue (its rows
+        computed as they load) ran the stage 4.37 -> 4.86 ms (bench/results/
+        engine_stages_fusions_{old,new}.json): every unit recomputes the gate of its k range
+        for all 16 padded rows; and the first 4 to 32 MB of each GEMM's weight sent to L2
+        from a side stream ahead of it (bulk prefetch, commit 37df884, `--prefetch`):
+        4.43 ms without, 4.43 / 4.57 / 4.77 / 4.91 with 4 / 8 / 16 / 32 MB
+        (engine_stages_1_prefetch.json). Rounded where the per-op path rounds, but the down
+        projection's sum,
         rounded before the residual is added (the per-op path's addmm rounds once)."""
         # imported here: triton is absent from CPU-only installs, which never take this path
         from kernels.fused_linear import fused_linear
         from kernels.gated_silu import gated_silu
-        from kernels.l2_prefetch import prefetch_ahead
 
         attention, gating = self.self_attn, self.gating
         batch, _, dim = x.shape
         heads = attention.num_heads
-        prefetch_ahead(attention.in_proj.weight, prefetch)
         normed = rms_norm(x, self.norm1.alpha, self.norm1.eps, True)
         qkv = attention.in_proj(normed).view(batch, 1, 3, heads, dim // heads)
-        prefetch_ahead(attention.out_proj.weight, prefetch)
         attended = attention.decode(qkv, start, keys, values, ring)  # [B, H, 1, D]
         attended = attended.transpose(1, 2).reshape(batch, 1, dim)  # the heads side by side
         x = fused_linear(attended, attention.out_proj.weight, residual=x)
-        prefetch_ahead(gating.linear_in.weight, prefetch)
         normed = rms_norm(x, self.norm2.alpha, self.norm2.eps, True)
-        h = gating.linear_in(normed)
-        prefetch_ahead(gating.linear_out.weight, prefetch)
-        return fused_linear(gated_silu(h), gating.linear_out.weight, residual=x)
+        gated = gated_silu(gating.linear_in(normed))
+        return fused_linear(gated, gating.linear_out.weight, residual=x)
 
 
 class TemporalTransformer(nn.Module):
@@ -200,9 +188,6 @@ class TemporalTransformer(nn.Module):
         # the largest batch whose decode steps take TemporalLayer's few-rows path (0: never).
         # Read at every step, like decode_kernel
         self.few_rows = FEW_ROWS
-        # bytes of each GEMM's weight sent to L2 ahead of it on the few-rows path (TemporalLayer;
-        # 0: none). Read at every step, like few_rows
-        self.prefetch_bytes = PREFETCH_BYTES
         self.layers = nn.ModuleList(
             TemporalLayer(dim, num_heads, ffn_hidden, max_period, device, dtype)
             for _ in range(num_layers)
@@ -282,17 +267,5 @@ class TemporalTransformer(nn.Module):
             if self.key_scale is not None and self.value_scale is not None:
                 scales = (self.key_scale[index, rows], self.value_scale[index, rows])
             ring = RingRead(self.context, scales, mask)
-            x = layer(
-                x,
-                start,
-                self.keys[index, rows],
-                self.values[index, rows],
-                ring,
-                few_rows,
-                self.prefetch_bytes,
-            )
-        if few_rows and self.prefetch_bytes > 0 and x.is_cuda:
-            from kernels.l2_prefetch import join
-
-            join(x.device)
+            x = layer(x, start, self.keys[index, rows], self.values[index, rows], ring, few_rows)
         return x
