@@ -23,17 +23,16 @@ the earlier entries at once (one round trip to L2; a first version read them ent
 twice, and the 1-slot depformer stage ran 1.16 -> 1.21 ms, bench/results/
 engine_stages_fusions_{old,new}.json): a few tens of KB, so the grid is kept small (BLOCK_N
 columns each: 128 programs at dim 1024) rather than one program per pair of columns as
-fused_linear's. The first weight tile is loaded before the
-wait for the previous kernel (kernels/dependent_launch.py).
+fused_linear's. The first weight tile is loaded before the wait for the previous kernel
+(kernels/dependent_launch.py). Products on the CUDA cores, the rows at most MAX_ROWS (the
+entries' and the broadcast product's registers; the warps grow with the rows).
 
 Measured on one H200 (torch 2.11, Triton 3.6, bf16, 7B shapes, random weights): the 1-slot
 depformer stage 1.10 ms and 218 kernels (`python3 bench/engine_stages.py --slots 1`,
 bench/results/engine_stages_1_prefetch.json) against 1.16 ms and 266 kernels with
 step_attention and fused_linear in an earlier run (engine_stages_fusions_old.json; not the
 same run). With the Mimi change of the same commit, the 1-call tick on the 80 ms clock in one
-run: step p50 6.84 -> 6.70 ms against commit c4f227d (bench_engine_bf16_1_attended_*.json). Products on the CUDA cores, the
-rows at most MAX_ROWS (the entries' and the broadcast product's registers; the warps grow
-with the rows).
+run: step p50 6.84 -> 6.70 ms against commit c4f227d (bench_engine_bf16_1_attended_*.json).
 """
 
 import math
