@@ -2,7 +2,8 @@
 # Everything the GPU machine checks and times for a submission, most important first, each step
 # bounded; two sections so that each stays under the device's 10-minute limit per command:
 #
-#   bench/h200.sh OUT [capacity|step|sampling|linear|verify|all]  (default all but the last three)
+#   [REV=commit] bench/h200.sh OUT [capacity|step|sampling|linear|verify|all]
+#       (default all but the last three; REV names verify's profiles, see there)
 #
 # capacity: real-clock capacity with every call aged to a full 2-minute context (`cadence
 #   bench engine --full-context`): 300 calls with fp8 KV rings, 152 with bf16, and 1 call
@@ -80,8 +81,10 @@ if [[ $section == verify ]]; then
         -p no:cacheprovider 2>&1 | tee "$out/gpu_tests_engine_verify.log" | tail -3
     timeout 300 python3 -m pytest -q -n 8 -m "not interpreter" tests/kernels \
         -p no:cacheprovider 2>&1 | tee "$out/gpu_tests_kernels_verify.log" | tail -2
-    # the profiles named for the commit: committed results of earlier runs keep their names
-    rev=$(git rev-parse --short HEAD 2>/dev/null || echo unknown)
+    # the profiles named for the commit: committed results of earlier runs keep their names.
+    # REV from the caller: the GPU machine's copy of .git can be older than the working tree
+    # it runs (seen: a run of one commit's tree that git there named by an earlier one)
+    rev=${REV:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}
     timeout 90 python3 bench/tick_kernels.py --slots 1 --json "$out/tick_kernels_1_$rev.json" \
         2>&1 | tail -1 | cut -c1-300
     timeout 90 python3 bench/mimi_gpu.py --slots 1 --no-sweep --json "$out/mimi_gpu_1_$rev.json" \
