@@ -6,7 +6,9 @@ depformer stages with them (fused) and without (torch ops on CUDA), on one GPU.
 Per kernel (kernels/rms_norm.py, kernels/gated_silu.py, kernels/step_attention.py), bf16:
 microseconds per call of the kernel and of the torch ops it replaces, each captured 20 times
 in one CUDA graph (so launch gaps count as they do in the engine's graph), and the kernel's
-bytes moved per second against the device's HBM ceiling.
+bytes moved per second against the device's HBM ceiling. Up to 4 slots also
+kernels/attended_linear.py against the two launches it replaces (step_attention, then
+fused_linear with the residual) in the `torch_us` column: not run on a GPU yet.
 
 Per stage, defined as in bench/engine_stages.py (`temporal`: embedding, 32 layers with every
 ring full, out norm, text head, text sampling; `depformer`: 8 steps x 6 layers with
@@ -40,6 +42,9 @@ from engine.models.moshi.lm import MoshiLm
 from engine.models.moshi.model import randomize
 from engine.models.moshi.sampling import Sampling, sample
 from engine.models.moshi.transformer import TemporalLayer
+from kernels.attended_linear import MAX_ROWS as ATTENDED_ROWS
+from kernels.attended_linear import attended_linear
+from kernels.fused_linear import fused_linear
 from kernels.gated_silu import gated_silu, gated_silu_reference
 from kernels.rms_norm import add_rms_norm, rms_norm, rms_norm_reference
 from kernels.step_attention import step_attention
@@ -96,7 +101,23 @@ def kernels(slots: int) -> list[dict[str, Any]]:
     values = torch.randn(scratch, device=cuda, dtype=bf16)
     row = 2 * dim  # bytes of one bf16 row of the temporal width
     last = steps - 1  # the step that reads the whole scratch
+    out_proj = torch.randn(dep, dep, device=cuda, dtype=bf16) * dep**-0.5
+    stream = torch.randn(slots, dep, device=cuda, dtype=bf16)  # the residual
+    # up to its MAX_ROWS: attended_linear against the two launches it replaces
+    attended = []
+    if slots <= ATTENDED_ROWS:
+        attended.append(
+            kernel_row(
+                "attended_linear",
+                lambda: attended_linear(qkv, keys, values, last, out_proj, stream),
+                lambda: fused_linear(
+                    step_attention(qkv, keys, values, last), out_proj, residual=stream
+                ),
+                2 * (4 * slots * dep + 2 * keys.numel() + out_proj.numel()),
+            )
+        )
     return [
+        *attended,
         kernel_row(
             "rms_norm",
             lambda: rms_norm(x, alpha, EPS),

@@ -23,9 +23,9 @@ the earlier entries at once (one round trip to L2; a first version read them ent
 twice, and the 1-slot depformer stage ran 1.16 -> 1.21 ms, bench/results/
 engine_stages_fusions_{old,new}.json): a few tens of KB, so the grid is kept small (BLOCK_N
 columns each: 128 programs at dim 1024) rather than one program per pair of columns as
-fused_linear's. The first weight tile is loaded before the wait for the previous kernel
-(kernels/dependent_launch.py). Products on the CUDA cores, the rows at most MAX_ROWS (the
-entries' and the broadcast product's registers; the warps grow with the rows).
+fused_linear's. A program's weight tile (all of its columns) is loaded before the wait for
+the previous kernel (kernels/dependent_launch.py). Products on the CUDA cores, the rows at most
+MAX_ROWS (the entries' and the broadcast product's registers; the warps grow with the rows).
 
 Measured on one H200 (torch 2.11, Triton 3.6, bf16, 7B shapes, random weights): the 1-slot
 depformer stage 1.10 ms and 218 kernels (`python3 bench/engine_stages.py --slots 1`,
@@ -119,7 +119,8 @@ def _attended_linear_kernel(  # type: ignore[no-untyped-def,unused-ignore]
 def attended_linear_reference(
     qkv: Tensor, keys: Tensor, values: Tensor, step: int, weight: Tensor, residual: Tensor
 ) -> Tensor:
-    """Writes step's key and value into the scratch; residual + attention @ weight^T, rounded
+    """Writes step's key and value into the scratch (of exactly the rows' slots: pass
+    keys[:rows], values[:rows]); residual + attention @ weight^T, rounded
     where the module docstring says (the attention as step_attention_reference's)."""
     # imported here: the reference is for tests and benches
     from kernels.step_attention import step_attention_reference
@@ -180,7 +181,8 @@ def attended_linear(
         block_n=BLOCK_N,
         pdl=pdl,
         launch_pdl=pdl,
-        # the entries' tiles hold rows * steps * dim values: 64 a thread at any row count
+        # the entries' tiles hold rows * steps * dim values: at the 7B shapes (8 steps of
+        # 1024) 64 a thread at any row count
         num_warps=4 * triton.next_power_of_2(rows),
     )
     return out

@@ -68,8 +68,9 @@ def build_model(name: str, slots: int, options: ModelOptions | None = None) -> M
                 f"--device {options.device}: only {torch.cuda.device_count()} CUDA GPU(s) here"
             )
         if device.type == "cuda":
-            # Mimi runs in fp32: its transformer's matmuls in TF32, as cuDNN already runs its
-            # convolutions by default (fp32 SIMT GEMMs took 1.15 ms of a 37 ms tick at 128
+            # Mimi runs in fp32: its transformer's matmuls and its transposed convolutions (GEMMs,
+            # seanet.StreamingConvTranspose1d) in TF32, as cuDNN already runs its convolutions
+            # by default (fp32 SIMT GEMMs took 1.15 ms of a 37 ms tick at 128
             # calls: bench/results/tick_kernels_no_tf32.json). The flag is process-wide: a bf16
             # LM (the default on CUDA) is unaffected, an fp32 one (--dtype float32) runs in TF32
             torch.backends.cuda.matmul.allow_tf32 = True

@@ -91,14 +91,16 @@ def _graph(stage: object, inputs: torch.Tensor) -> tuple[torch.cuda.CUDAGraph, t
 
 
 @contextlib.contextmanager
-def _cudnn_tf32(allowed: bool) -> Iterator[None]:
-    """cuDNN's convolutions in TF32 (its default) or in full fp32, for the block."""
-    before = torch.backends.cudnn.allow_tf32
-    torch.backends.cudnn.allow_tf32 = allowed
+def _tf32(allowed: bool) -> Iterator[None]:
+    """cuDNN's convolutions and torch's matmuls (the transposed convolutions are GEMMs,
+    seanet.StreamingConvTranspose1d) in TF32, as the server runs them, or in full fp32, for
+    the block."""
+    before = torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cudnn.allow_tf32 = torch.backends.cuda.matmul.allow_tf32 = allowed
     try:
         yield
     finally:
-        torch.backends.cudnn.allow_tf32 = before
+        torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32 = before
 
 
 @pytest.mark.gpu
@@ -112,7 +114,7 @@ def test_fused_codec_in_cuda_graphs_matches_eager_on_gpu(tf32: bool, slots: int)
     With full-fp32 convolutions in both paths only the kernels' rounding differs: codes equal
     in >= 99.9% and the audio decoded from the same codes within AUDIO_TOLERANCE.
 
-    With cuDNN's default TF32 convolutions (what the server runs) a fixed bound has no
+    With TF32 convolutions and matmuls (what the server runs) a fixed bound has no
     ground: TF32 keeps 10 mantissa bits, so a rounding difference of ~1e-7 in a
     convolution's input flips the TF32 rounding of a few of its elements (~5e-4 each), and
     the SEANet decoder's convolutions carry that on as they carry eager TF32's own rounding.
@@ -131,7 +133,7 @@ def test_fused_codec_in_cuda_graphs_matches_eager_on_gpu(tf32: bool, slots: int)
     device = torch.device("cuda")
     frames = 63
     config = moshiko().mimi
-    with _cudnn_tf32(tf32):
+    with _tf32(tf32):
         eager, fused = codec_pair(config, slots, device)
         reference = MimiCodec(config, slots, device, fused=False)  # fp32 convolutions
         reference.load_state_dict(eager.state_dict())
@@ -157,7 +159,7 @@ def test_fused_codec_in_cuda_graphs_matches_eager_on_gpu(tf32: bool, slots: int)
                 decode.replay()
                 want_audio.append(eager.decode(codes))
                 got_audio.append(fused_audio.clone())
-                with _cudnn_tf32(False):
+                with _tf32(False):
                     floor_equal += int((reference.encode(pcm_in) == codes).sum())
                     floor_audio.append(reference.decode(codes))
     total = slots * frames * 8

@@ -28,7 +28,8 @@ from engine.models.moshi.sampling import Sampling, draw_noise, sample
 from engine.models.moshi.transformer import RMS_EPS, gated_ffn
 
 # the largest batch for which the few-rows kernels beat the per-op ones (measured: see
-# kernels/fused_linear.py's docstring); at most that module's MAX_ROWS
+# kernels/fused_linear.py's docstring); at most that module's MAX_ROWS (its attention inside
+# the out projection up to kernels/attended_linear.py's MAX_ROWS, 4)
 FEW_ROWS = 4
 
 
@@ -124,10 +125,13 @@ class DepformerLayer(nn.Module):
         """The fused layer step for a few slots in four launches (kernels/fused_linear.py,
         kernels/attended_linear.py): [norm (+ pending) + qkv], [attention + out + residual],
         [norm + gate/up + SiLU], [down + residual]. The norm after attention is the gate/up
-        GEMM's prologue."""
+        GEMM's prologue. Above attended_linear's MAX_ROWS (a bench may raise few_rows to
+        fused_linear's) the attention is a launch of its own (kernels/step_attention.py)."""
         # imported here: triton is absent from CPU-only installs, which never take this path
+        from kernels.attended_linear import MAX_ROWS as ATTENDED_ROWS
         from kernels.attended_linear import attended_linear
         from kernels.fused_linear import add_fused_linear, fused_linear
+        from kernels.step_attention import step_attention
 
         batch, _, dim = x.shape
         in_proj = self.self_attn.in_proj[step]
@@ -138,9 +142,12 @@ class DepformerLayer(nn.Module):
                 x, pending, in_proj, alpha=self.norm1.alpha, eps=self.norm1.eps
             )
         out_proj = self.self_attn.out_proj[step]
-        x = attended_linear(qkv.view(batch, 3 * dim), keys, values, step, out_proj, x[:, 0])[
-            :, None
-        ]
+        qkv = qkv.view(batch, 3 * dim)
+        if batch <= ATTENDED_ROWS:
+            x = attended_linear(qkv, keys, values, step, out_proj, x[:, 0])[:, None]
+        else:
+            attended = step_attention(qkv, keys, values, step)
+            x = fused_linear(attended.view(x.shape), out_proj, residual=x)
         linear_in, linear_out = self.gating.linear_in[step], self.gating.linear_out[step]
         gated = fused_linear(x, linear_in, alpha=self.norm2.alpha, eps=self.norm2.eps, gated=True)
         return fused_linear(gated, linear_out, residual=x)

@@ -197,6 +197,8 @@ class StreamingConvTranspose1d(Streaming):
     weight is stored [in, kernel, out] in memory (the [in, out, kernel] shape kept: loading a
     checkpoint copies into it and keeps the layout), so the GEMM reads it as it is; the state
     and the output are time-major, the output converted to time-last when not `channels_last`.
+    The GEMM runs in TF32 where torch.backends.cuda.matmul.allow_tf32 is set (the engine sets
+    it on CUDA, as cuDNN's convolutions default to TF32); the channel-wise product in fp32.
 
     cuDNN's transposed convolutions were slow on the decode path at one call: the channel-wise
     upsample's dgrad kernel took 58.8 us and the four SEANet upsamplers ~50 us more (one H200,
