@@ -122,3 +122,18 @@ def test_reset_clears_one_slots_pooled_convolution_states(channels_last: bool) -
     for state, old in zip(states, before, strict=True):
         assert not bool(state[0].any())
         assert torch.equal(state[1], old[1])
+
+
+def test_transposed_convolution_weights_keep_their_gemm_layout_through_a_load() -> None:
+    """The transposed convolutions read their weight as [in, kernel * out] without a copy
+    (seanet.StreamingConvTranspose1d): stored so, and a state-dict load keeps that layout."""
+    codec = MimiCodec(tiny().mimi, 1, torch.device("cpu"))
+    state = {name: torch.randn_like(tensor) for name, tensor in codec.state_dict().items()}
+    codec.load_state_dict(state)
+    transposed = [m for m in codec.modules() if isinstance(m, StreamingConvTranspose1d)]
+    assert len(transposed) >= 2  # the upsample and the decoder's
+    for module in transposed:
+        weight = module.convtr.weight
+        assert weight.permute(0, 2, 1).is_contiguous(), weight.stride()
+        name = next(n for n, p in codec.named_parameters() if p is weight)
+        assert torch.equal(weight, state[name])
