@@ -136,17 +136,12 @@ class Engine:
         # step
         if self.age_next_tick:
             self._age_calls(live & ~reset)
-        if self.watchdog is not None:
-            self.watchdog.step_started(tick)
-        try:
+        # a step that raises is over, not hung: the error ends the engine, not the watchdog
+        with self._watched(f"tick {tick}"):
             out = self.executor.run(self.uplink.pcm, reset, live)
             if self.stall_next_tick_s:
                 time.sleep(self.stall_next_tick_s)
                 self.stall_next_tick_s = 0.0
-        finally:
-            # a step that raised is over, not hung: the error ends the engine, not the watchdog
-            if self.watchdog is not None:
-                self.watchdog.step_finished()
         t_stepped = time.perf_counter()
 
         # scatter

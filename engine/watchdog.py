@@ -47,28 +47,19 @@ class StepWatchdog:
         self._stop.set()
         self._thread.join()
 
-    def step_started(self, tick: int) -> None:
-        self._started(f"tick {tick}", self.limit_s)
-
-    def step_finished(self) -> None:
-        with self._lock:
-            self._started_s = None
-
     @contextlib.contextmanager
     def watching(self, what: str, limit_s: float | None = None) -> Iterator[None]:
-        """Watch the block as one step (`what` names it in the hang message), under `limit_s`
-        (None: the step's limit)."""
-        self._started(what, self.limit_s if limit_s is None else limit_s)
-        try:
-            yield
-        finally:
-            self.step_finished()
-
-    def _started(self, what: str, limit_s: float) -> None:
+        """Watch the block as one step (`what` names it in the hang message: "tick 12"),
+        under `limit_s` (None: the step's limit). A block that raises is over, not hung."""
         with self._lock:
             self._started_s = time.monotonic()
             self._what = what
-            self._step_limit_s = limit_s
+            self._step_limit_s = self.limit_s if limit_s is None else limit_s
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._started_s = None
 
     def _watch(self) -> None:
         period = min(0.1, self.limit_s / 4)

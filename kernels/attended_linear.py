@@ -43,7 +43,7 @@ import triton.language as tl  # type: ignore[import-not-found,import-untyped,unu
 from torch import Tensor
 
 from kernels.dependent_launch import dependent, wait_for_inputs
-from kernels.fused_linear import STREAM, _store_block
+from kernels.fused_linear import STREAM, store_block
 
 MAX_ROWS = 4
 BLOCK_N = 8  # output columns per program
@@ -113,7 +113,8 @@ def _attended_linear_kernel(  # type: ignore[no-untyped-def,unused-ignore]
     dtype = out_ptr.dtype.element_ty
     attended = (mixed / tl.reshape(per_column, [block_m, dim])).to(dtype).to(tl.float32)
     acc = tl.sum(attended[:, None, :] * w.to(tl.float32)[None, :, :], axis=2)
-    _store_block(acc, acc, residual_ptr, out_ptr, stride_residual, n, row, row_in, col, True, False)
+    # the residual epilogue; the second sums are the gate's up half, unused without it
+    store_block(acc, acc, residual_ptr, out_ptr, stride_residual, n, row, row_in, col, True, False)
 
 
 def attended_linear_reference(

@@ -388,7 +388,7 @@ def _fused_linear_kernel(  # type: ignore[no-untyped-def,unused-ignore]
             acc_up = _product(acc_up, x, w_up, dot, widen)
         w, w_up = w_next, w_up_next
         if k_tile == k_tiles - 1:
-            _store_block(
+            store_block(
                 acc,
                 acc_up,
                 residual_ptr,
@@ -406,7 +406,7 @@ def _fused_linear_kernel(  # type: ignore[no-untyped-def,unused-ignore]
 
 
 @triton.jit  # type: ignore[untyped-decorator,unused-ignore]
-def _store_block(  # type: ignore[no-untyped-def,unused-ignore]
+def store_block(  # type: ignore[no-untyped-def,unused-ignore]
     acc,
     acc_up,
     residual_ptr,
@@ -419,7 +419,8 @@ def _store_block(  # type: ignore[no-untyped-def,unused-ignore]
     has_residual: tl.constexpr,
     gated: tl.constexpr,
 ):
-    """The epilogue of one column block: rounding, the gate or the residual, the store."""
+    """The epilogue of one column block: rounding, the gate or the residual, the store (also
+    kernels/attended_linear.py's, with the residual)."""
     dtype = out_ptr.dtype.element_ty
     out = acc.to(dtype)
     if gated:
@@ -532,7 +533,7 @@ def _swapped_linear_kernel(  # type: ignore[no-untyped-def,unused-ignore]
                         acc_up += tl.load(sums + block_n * block_m, cache_modifier=".cg")
                 tl.store(arrived_ptr + block, 0)
         if last:
-            _store_block(
+            store_block(
                 tl.trans(acc), tl.trans(acc_up), residual_ptr, out_ptr, stride_residual, n, row,
                 row_in, col, has_residual, gated,
             )  # fmt: skip

@@ -35,8 +35,8 @@ def test_fires_once_when_a_step_outlives_the_limit() -> None:
     watchdog.start()
     try:
         started = time.monotonic()
-        watchdog.step_started(7)
-        assert done.wait(2.0)
+        with watchdog.watching("tick 7"):
+            assert done.wait(2.0)
         assert fired[0] - started >= 0.2
     finally:
         watchdog.stop()
@@ -49,9 +49,8 @@ def test_quiet_while_steps_finish_in_time() -> None:
     watchdog.start()
     try:
         for tick in range(20):  # 20 steps of 30 ms: 0.6 s in all, none over the limit
-            watchdog.step_started(tick)
-            time.sleep(0.03)
-            watchdog.step_finished()
+            with watchdog.watching(f"tick {tick}"):
+                time.sleep(0.03)
         time.sleep(0.3)  # idle between steps is not a hang either
     finally:
         watchdog.stop()

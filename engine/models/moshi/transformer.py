@@ -145,8 +145,8 @@ class TemporalLayer(nn.Module):
         from a side stream ahead of it (bulk prefetch, commit 37df884, `--prefetch`):
         4.43 ms without, 4.43 / 4.57 / 4.77 / 4.91 with 4 / 8 / 16 / 32 MB
         (engine_stages_1_prefetch.json). Rounded where the per-op path rounds, but the down
-        projection's sum,
-        rounded before the residual is added (the per-op path's addmm rounds once)."""
+        projection's sum, rounded before the residual is added (the per-op path's addmm
+        rounds once)."""
         # imported here: triton is absent from CPU-only installs, which never take this path
         from kernels.fused_linear import fused_linear
         from kernels.gated_silu import gated_silu

@@ -232,7 +232,6 @@ class StreamingConvTranspose1d(Streaming):
         )
         weight = self.convtr.weight.data  # [in, out / groups, kernel]
         self.convtr.weight.data = weight.permute(0, 2, 1).contiguous().permute(0, 2, 1)
-        self.stride = stride
         self.channels_last = channels_last
         self.partial: Tensor  # [slots, out, stride], stored time-major
         partial = torch.zeros(slots, stride, out_channels, device=device).transpose(1, 2)
@@ -249,7 +248,7 @@ class StreamingConvTranspose1d(Streaming):
     def forward(self, x: Tensor) -> Tensor:
         """x: [slots, in_channels, T] -> [slots, out_channels, T * stride]."""
         slots, channels, frames = x.shape
-        stride = self.stride
+        (stride,) = self.convtr.stride
         taps = self.convtr.weight.permute(0, 2, 1)  # [in, kernel, out / groups], contiguous
         inputs = x.transpose(1, 2)  # [slots, T, in]
         if self.convtr.groups == 1:
