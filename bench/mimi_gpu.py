@@ -7,10 +7,7 @@ same weights: `fused=False` (the eager path, as it was before the kernels, time-
 layout), `fused=True` with the time-last layout (`time_last`) and `fused=True` with the
 default channels-last layout (mimi/seanet.py); where the transformers' products take the
 few-rows kernel (slots * 2 <= mimi/transformer.py's FEW_ROWS), a fourth time with them on
-cuBLAS (`fused_cublas_products`); and fused with every SEANet convolution on cuDNN
-(`fused_cudnn_convolutions`, the codec before kernels/streaming_conv.py) and with every one
-the kernel takes on it, whatever its weight (`fused_every_conv_kernel`:
-seanet.FUSED_WEIGHT_BYTES unbounded). Matmuls run in TF32 as the engine runs them. It measures
+cuBLAS (`fused_cublas_products`). Matmuls run in TF32 as the engine runs them. It measures
 `encode` (pcm [slots, 1920] -> codes [slots, 8]) and `decode` (codes -> pcm) exactly as
 bench/engine_stages.py's mimi_encode / mimi_decode rows do: each stage captured as its own
 CUDA graph, median and p99 ms of 50 replays after 5, and the kernels one eager run launches
@@ -45,7 +42,6 @@ from gpu_timing import count_kernels, machine, ranked, replay_ms, summary
 
 import kernels.mimi_transformer as step_kernel
 from engine.models.moshi.config import moshiko
-from engine.models.moshi.mimi import seanet
 from engine.models.moshi.mimi.codec import MimiCodec
 from engine.models.moshi.mimi.transformer import FEW_ROWS
 from engine.models.moshi.model import randomize
@@ -137,15 +133,6 @@ def measure(slots: int, profile: bool) -> dict[str, Any]:
     time_last = MimiCodec(config, slots, device, fused=True, channels_last=False)
     time_last.load_state_dict(eager.state_dict())
     paths = {"eager": eager, "time_last": time_last, "fused": fused}
-    # the fused codec with every SEANet convolution on cuDNN (as before
-    # kernels/streaming_conv.py), and with every one it can take on that kernel
-    for name, limit in (("fused_cudnn_convolutions", -1), ("fused_every_conv_kernel", 1 << 40)):
-        seanet.FUSED_WEIGHT_BYTES, default = limit, seanet.FUSED_WEIGHT_BYTES
-        try:
-            paths[name] = MimiCodec(config, slots, device, fused=True)
-        finally:
-            seanet.FUSED_WEIGHT_BYTES = default
-        paths[name].load_state_dict(eager.state_dict())
     if slots * config.encoder_steps_per_frame <= FEW_ROWS:
         # the fused codec with every transformer product on cuBLAS, where the default takes
         # the few-rows kernel (mimi/transformer.py)
@@ -181,9 +168,6 @@ def measure(slots: int, profile: bool) -> dict[str, Any]:
         row[f"{stage}_speedup"] = round(row[f"eager_{stage}"]["median_ms"] / fused_ms, 2)
         row[f"{stage}_channels_last_speedup"] = round(
             row[f"time_last_{stage}"]["median_ms"] / fused_ms, 2
-        )
-        row[f"{stage}_conv_kernel_speedup"] = round(
-            row[f"fused_cudnn_convolutions_{stage}"]["median_ms"] / fused_ms, 2
         )
     return row
 

@@ -9,9 +9,7 @@ Encoder and decoder state reset separately: a call's decoder starts with its fir
 frame, one step after its encoder (the LM emits nothing at step 0).
 
 `fused` (default: on CUDA) runs the transformers and the RVQ through the Triton kernels of
-kernels/mimi_transformer.py and kernels/mimi_rvq.py, and the SEANet convolutions, each with
-the ELU in front of it and the residual add behind it, through kernels/streaming_conv.py
-(all but the three whose weights are largest: seanet.FUSED_WEIGHT_BYTES).
+kernels/mimi_transformer.py and kernels/mimi_rvq.py; the SEANet convolutions stay eager.
 Measured on one H200, each stage its own CUDA graph, every transformer at a full 250-frame
 ring (python3 bench/mimi_gpu.py --slots 1,128,300; bench/results/mimi_gpu.json), eager ->
 fused, median ms (kernels):
@@ -66,8 +64,8 @@ class MimiCodec(nn.Module):
         fused = device.type == "cuda" if fused is None else fused
         channels_last = device.type == "cuda" if channels_last is None else channels_last
         self.config = config
-        self.encoder = seanet_encoder(config, slots, device, channels_last, fused)
-        self.decoder = seanet_decoder(config, slots, device, channels_last, fused)
+        self.encoder = seanet_encoder(config, slots, device, channels_last)
+        self.decoder = seanet_decoder(config, slots, device, channels_last)
 
         def transformer() -> MimiTransformer:
             return MimiTransformer(
@@ -132,11 +130,9 @@ class MimiCodec(nn.Module):
 
     def encode(self, pcm: Tensor) -> Tensor:
         latent = self.encoder_transformer(self.encoder(pcm[:, None, :]))
-        self._encoder_state.flip()
         return self.quantizer.encode(self.downsample(latent))[:, :, 0]
 
     def decode(self, codes: Tensor) -> Tensor:
         latent = self.upsample(self.quantizer.decode(codes[:, :, None]))
         pcm: Tensor = self.decoder(self.decoder_transformer(latent))
-        self._decoder_state.flip()
         return pcm[:, 0, :]

@@ -36,12 +36,6 @@ from torch.nn import functional
 
 from engine.models.moshi.config import MimiConfig
 
-# the largest weight a kernel convolution takes (StreamingConv1d): those above it (Mimi's
-# last two encoder convolutions and the decoder's first, 6-34 MB at 2 frames, and the encoder's
-# last strided one) read their weight at a fraction of the bandwidth from the few programs
-# their output fills, and stay on cuDNN
-FUSED_WEIGHT_BYTES = 2 << 20
-
 
 class Streaming(nn.Module):
     """A module with per-slot state that `reset` clears for the masked slots."""
@@ -80,26 +74,17 @@ class StatePool:
             for part in convolutions
         ]
         self.buffer = torch.zeros(slots, sum(sizes), device=device)
-        # the half of the kernel convolutions' tails a frame reads (kernels/streaming_conv.py)
-        self.phase = torch.zeros(1, dtype=torch.int32, device=device)
         offset = 0
         for part, size in zip(convolutions, sizes, strict=True):
-            part.adopt_state(self.buffer[:, offset : offset + size], self.phase)
+            part.adopt_state(self.buffer[:, offset : offset + size])
             offset += size
         self.others = tuple(part for part in parts if part not in convolutions)
-        self._flips = any(isinstance(part, StreamingConv1d) and part.kernel for part in parts)
 
     def reset(self, mask: Tensor) -> None:
         """mask: bool [slots]; those slots' states start over."""
         self.buffer.masked_fill_(mask[:, None], 0.0)
         for part in self.others:
             part.reset(mask)
-
-    def flip(self) -> None:
-        """After a frame: the kernel convolutions' next frame reads the tails this one wrote
-        (one launch, none without kernel convolutions)."""
-        if self._flips:
-            self.phase.bitwise_xor_(1)
 
 
 def streaming_parts(*modules: nn.Module) -> tuple[Streaming, ...]:
@@ -110,13 +95,7 @@ def streaming_parts(*modules: nn.Module) -> tuple[Streaming, ...]:
 
 
 class StreamingConv1d(Streaming):
-    """Causal Conv1d; `replicate` pads the very first frame with its first sample (else 0).
-
-    `fused` runs it as one launch of kernels/streaming_conv.py, with the ELU in front of it
-    and the residual add behind it when the caller passes them, unless it pads by
-    replication, is grouped, or has a weight above FUSED_WEIGHT_BYTES (those stay on cuDNN:
-    `kernel` says which). Its tail is then [slots, 2, history, in_channels] whatever the
-    layout, the half read chosen by the StatePool's phase, which the pool flips per frame."""
+    """Causal Conv1d; `replicate` pads the very first frame with its first sample (else 0)."""
 
     def __init__(
         self,
@@ -132,7 +111,6 @@ class StreamingConv1d(Streaming):
         bias: bool = True,
         replicate: bool = False,
         channels_last: bool = False,
-        fused: bool = False,
     ) -> None:
         super().__init__()
         self.conv = nn.Conv1d(
@@ -148,16 +126,11 @@ class StreamingConv1d(Streaming):
         self.replicate = replicate
         self.channels_last = channels_last
         history = (kernel - 1) * dilation + 1 - stride
-        weight_bytes = self.conv.weight.numel() * self.conv.weight.element_size()
-        self.kernel = fused and not replicate and groups == 1 and weight_bytes <= FUSED_WEIGHT_BYTES
-        self.phase: Tensor | None = None  # the StatePool's, for a kernel convolution
         previous = torch.zeros(slots, in_channels, history, device=device)
         if channels_last:
             # loading a checkpoint copies into these tensors and keeps their layout
             self.conv.weight.data = time_major(self.conv.weight.data)
             previous = time_major(previous)
-        if self.kernel:
-            previous = torch.zeros(slots, 2, history, in_channels, device=device)
         self.previous: Tensor
         self.register_buffer("previous", previous, False)
         if replicate:
@@ -167,30 +140,20 @@ class StreamingConv1d(Streaming):
             )
 
     def reset(self, mask: Tensor) -> None:
-        self.previous.masked_fill_(mask.view(-1, *(1,) * (self.previous.dim() - 1)), 0.0)
+        self.previous.masked_fill_(mask[:, None, None], 0.0)
         if self.replicate:
             self.first.masked_fill_(mask[:, None, None], True)
 
-    def adopt_state(self, pooled: Tensor, phase: Tensor) -> None:
-        """Keep `previous` in pooled ([slots, its size], see StatePool), same layout; a kernel
-        convolution reads the half `phase` names."""
-        if self.kernel:
-            self.previous = pooled.view(self.previous.shape)
-            self.phase = phase
-            return
+    def adopt_state(self, pooled: Tensor) -> None:
+        """Keep `previous` in pooled ([slots, its size], see StatePool), same layout."""
         slots, channels, history = self.previous.shape
         if self.channels_last:
             self.previous = pooled.view(slots, history, channels).transpose(1, 2)
         else:
             self.previous = pooled.view(slots, channels, history)
 
-    def forward(self, x: Tensor, elu: bool = False, residual: Tensor | None = None) -> Tensor:
-        """x: [slots, in_channels, T], T a multiple of the stride -> [slots, out, T / stride];
-        `elu` and `residual` (kernel convolutions only): conv(ELU(x)), residual + conv(x)."""
-        if self.kernel:
-            return self._launch(x, elu, residual)
-        assert not elu, "only a kernel convolution fuses the ELU"
-        assert residual is None, "only a kernel convolution fuses the residual add"
+    def forward(self, x: Tensor) -> Tensor:
+        """x: [slots, in_channels, T], T a multiple of the stride -> [slots, out, T / stride]."""
         history = self.previous.shape[2]
         if history == 0:
             return self._convolve(x)
@@ -202,28 +165,6 @@ class StreamingConv1d(Streaming):
         window = torch.cat([self.previous[:, :, None], x[:, :, None]], dim=-1)[:, :, 0]
         self.previous.copy_(window[..., -history:])
         return self._convolve(window)
-
-    def _launch(self, x: Tensor, elu: bool, residual: Tensor | None) -> Tensor:
-        # imported here: triton is absent from CPU-only installs, which never fuse
-        from kernels.streaming_conv import streaming_conv
-
-        conv = self.conv
-        history = self.previous.shape[2]
-        if history > 0 and self.phase is None:
-            raise RuntimeError("a kernel convolution with history runs in a StatePool")
-        return streaming_conv(
-            x,
-            conv.weight,
-            conv.bias,
-            self.previous if history > 0 else None,
-            self.phase,
-            step=conv.stride[0],
-            dilation=conv.dilation[0],
-            elu=elu,
-            residual=residual,
-            time_major=self.channels_last,
-            tf32=torch.backends.cudnn.allow_tf32,
-        )
 
     def _convolve(self, x: Tensor) -> Tensor:
         if not self.channels_last:
@@ -299,10 +240,8 @@ class StreamingConvTranspose1d(Streaming):
     def reset(self, mask: Tensor) -> None:
         self.partial.masked_fill_(mask[:, None, None], 0.0)
 
-    def adopt_state(self, pooled: Tensor, phase: Tensor) -> None:
-        """Keep `partial` in pooled ([slots, its size], see StatePool), same layout (`phase`
-        is the kernel convolutions'; this one writes its state in place)."""
-        del phase
+    def adopt_state(self, pooled: Tensor) -> None:
+        """Keep `partial` in pooled ([slots, its size], see StatePool), same layout."""
         slots, channels, owed = self.partial.shape
         self.partial = pooled.view(slots, owed, channels).transpose(1, 2)
 
@@ -338,59 +277,41 @@ class ResnetBlock(nn.Module):
         slots: int,
         device: torch.device,
         channels_last: bool,
-        fused: bool = False,
     ) -> None:
         super().__init__()
         hidden = dim // compress
-        layout = {"channels_last": channels_last, "fused": fused}
-        inner = StreamingConv1d(dim, hidden, kernel, slots, device, dilation=dilation, **layout)
-        outer = StreamingConv1d(hidden, dim, 1, slots, device, **layout)
-        self.block = nn.Sequential(nn.ELU(), inner, nn.ELU(), outer)
-        self._kernels = (inner, outer) if inner.kernel and outer.kernel else None
+        self.block = nn.Sequential(
+            nn.ELU(),
+            StreamingConv1d(
+                dim, hidden, kernel, slots, device, dilation=dilation, channels_last=channels_last
+            ),
+            nn.ELU(),
+            StreamingConv1d(hidden, dim, 1, slots, device, channels_last=channels_last),
+        )
 
     def forward(self, x: Tensor) -> Tensor:
-        if self._kernels is not None:  # two launches: conv(ELU(x)), x + conv(ELU(h))
-            inner, outer = self._kernels
-            return outer(inner(x, elu=True), elu=True, residual=x)
         update: Tensor = self.block(x)
         return x + update
 
 
 class SeanetStack(nn.Module):
-    """A SEANet encoder or decoder: its layers in order, as `model.{i}`; an ELU in front of a
-    kernel convolution runs inside it."""
+    """A SEANet encoder or decoder: its layers in order, as `model.{i}`."""
 
     def __init__(self, layers: list[nn.Module]) -> None:
         super().__init__()
         self.model = nn.Sequential(*layers)
-        plan: list[tuple[nn.Module, bool]] = []  # (layer, ELU fused in front of it)
-        for layer in layers:
-            activated = bool(plan) and isinstance(plan[-1][0], nn.ELU)
-            if isinstance(layer, StreamingConv1d) and layer.kernel and activated:
-                plan[-1] = (layer, True)
-            else:
-                plan.append((layer, False))
-        self._plan = tuple(plan)
 
     def forward(self, x: Tensor) -> Tensor:
-        for layer, elu in self._plan:
-            x = layer(x, elu=True) if elu else layer(x)
-        return x
+        return self.model(x)  # type: ignore[no-any-return]
 
 
 def seanet_encoder(
-    config: MimiConfig,
-    slots: int,
-    device: torch.device,
-    channels_last: bool = False,
-    fused: bool = False,
+    config: MimiConfig, slots: int, device: torch.device, channels_last: bool = False
 ) -> SeanetStack:
     """Waveform [slots, 1, samples] -> latent [slots, seanet_dim, samples / prod(ratios)]."""
     filters = config.n_filters
     layers: list[nn.Module] = [
-        StreamingConv1d(
-            1, filters, config.kernel_size, slots, device, channels_last=channels_last, fused=fused
-        )
+        StreamingConv1d(1, filters, config.kernel_size, slots, device, channels_last=channels_last)
     ]
     mult = 1
     for ratio in reversed(config.ratios):
@@ -405,7 +326,6 @@ def seanet_encoder(
                     slots,
                     device,
                     channels_last=channels_last,
-                    fused=fused,
                 )
             )
         layers.append(nn.ELU())
@@ -418,7 +338,6 @@ def seanet_encoder(
                 device,
                 stride=ratio,
                 channels_last=channels_last,
-                fused=fused,
             )
         )
         mult *= 2
@@ -431,18 +350,13 @@ def seanet_encoder(
             slots,
             device,
             channels_last=channels_last,
-            fused=fused,
         )
     )
     return SeanetStack(layers)
 
 
 def seanet_decoder(
-    config: MimiConfig,
-    slots: int,
-    device: torch.device,
-    channels_last: bool = False,
-    fused: bool = False,
+    config: MimiConfig, slots: int, device: torch.device, channels_last: bool = False
 ) -> SeanetStack:
     """Latent [slots, seanet_dim, frames] -> waveform [slots, 1, frames * prod(ratios)]."""
     filters = config.n_filters
@@ -455,7 +369,6 @@ def seanet_decoder(
             slots,
             device,
             channels_last=channels_last,
-            fused=fused,
         )
     ]
     for ratio in config.ratios:
@@ -476,20 +389,13 @@ def seanet_decoder(
                     slots,
                     device,
                     channels_last=channels_last,
-                    fused=fused,
                 )
             )
         mult //= 2
     layers.append(nn.ELU())
     layers.append(
         StreamingConv1d(
-            filters,
-            1,
-            config.last_kernel_size,
-            slots,
-            device,
-            channels_last=channels_last,
-            fused=fused,
+            filters, 1, config.last_kernel_size, slots, device, channels_last=channels_last
         )
     )
     return SeanetStack(layers)
