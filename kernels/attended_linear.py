@@ -33,6 +33,12 @@ bench/results/engine_stages_1_prefetch.json) against 1.16 ms and 266 kernels wit
 step_attention and fused_linear in an earlier run (engine_stages_fusions_old.json; not the
 same run). With the Mimi change of the same commit, the 1-call tick on the 80 ms clock in one
 run: step p50 6.84 -> 6.70 ms against commit c4f227d (bench_engine_bf16_1_attended_*.json).
+Alone, at the depformer's shapes, us per layer step against the two launches it replaces (one
+run, `python3 bench/kernels_layer.py --slots 1,2,3,4`,
+bench/results/kernels_layer_attended_rows.json): 1 row 2.72 (3.40), 2 rows 3.50 (4.21),
+3 rows 6.06 (4.91), 4 rows 6.20 (4.54). From 3 rows it lost (16 warps a program, where the
+entries and the product outgrow what a program keeps in flight), so MAX_ROWS is 2, down from
+the 4 it was first built for: the depformer's 3- and 4-slot steps keep the attention apart.
 """
 
 import math
@@ -45,7 +51,8 @@ from torch import Tensor
 from kernels.dependent_launch import dependent, wait_for_inputs
 from kernels.fused_linear import STREAM, store_block
 
-MAX_ROWS = 4
+# measured faster than step_attention + fused_linear up to 2 rows only (module docstring)
+MAX_ROWS = 2
 BLOCK_N = 8  # output columns per program
 
 

@@ -4,7 +4,7 @@ SiLU gate behind it in the same launch.
 At one call the depformer's tick is launch-bound: its GEMMs have 1 to 16 rows (one per slot),
 and a layer step was 8 launches (norm, qkv, attention, out, add + norm, linear_in, gate,
 down). With this kernel a layer step is 5: [norm(+pending) + qkv], [attention],
-[out + residual], [norm + gate/up + SiLU], [down + residual]; 4 since, up to 4 rows, with the
+[out + residual], [norm + gate/up + SiLU], [down + residual]; 4 since, up to 2 rows, with the
 attention inside the out projection (kernels/attended_linear.py). For rows <= MAX_ROWS:
 
     x, pending:  [..., k]        unit-stride rows, evenly spaced (a column slice is fine)

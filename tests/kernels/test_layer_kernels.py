@@ -125,7 +125,7 @@ def test_step_attention_over_a_frame_matches_reference(
 
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize(
-    ("rows", "heads", "steps", "head_dim", "n"), [(1, 2, 8, 16, 44), (3, 4, 5, 16, 64)]
+    ("rows", "heads", "steps", "head_dim", "n"), [(1, 2, 8, 16, 44), (2, 4, 5, 16, 64)]
 )
 def test_attended_linear_over_a_frame_matches_reference(
     rows: int, heads: int, steps: int, head_dim: int, n: int, dtype: torch.dtype
@@ -167,7 +167,12 @@ def test_attended_linear_rounds_the_attention_before_the_product(dtype: torch.dt
         qkv = _randn(rows, 3 * dim, dtype=dtype, seed=62 + step, scale=2.0)
         got = attended_linear(qkv, keys, values, step, weight, zeros)
         want = (step_attention(qkv, want_keys, want_values, step).float() * 3).to(dtype)
-        _assert_ulps(got, want)
+        if dtype == torch.float32:
+            # no rounding to check; the two kernels' softmax sums differ in order (compiled
+            # on an H200: 4.8e-6 apart at ~9, a few fp32 ulp)
+            torch.testing.assert_close(got, want, rtol=2e-6, atol=1e-5)
+        else:
+            _assert_ulps(got, want)
 
 
 def test_attended_linear_refuses_more_rows_than_it_holds() -> None:
@@ -271,17 +276,16 @@ def test_few_rows_default_fits_one_fused_linear_program() -> None:
     # both FEW_ROWS must stay within the kernel's rows, or its launcher refuses the batch
     assert 1 <= FEW_ROWS <= MAX_ROWS, (FEW_ROWS, MAX_ROWS)
     assert 1 <= TEMPORAL_FEW_ROWS <= MAX_ROWS, (TEMPORAL_FEW_ROWS, MAX_ROWS)
-    # the depformer's default few-rows batch keeps its attention inside the out projection
-    assert FEW_ROWS <= ATTENDED_ROWS, (FEW_ROWS, ATTENDED_ROWS)
 
 
 @pytest.mark.parametrize(
     ("slots", "few_rows"),
-    [(4, 0), (4, FEW_ROWS), (ATTENDED_ROWS + 2, MAX_ROWS)],
-    ids=["per_op_kernels", "few_rows_kernels", "few_rows_attention_apart"],
+    [(4, 0), (ATTENDED_ROWS, FEW_ROWS), (ATTENDED_ROWS + 2, FEW_ROWS)],
+    ids=["per_op_kernels", "few_rows_attended", "few_rows_attention_apart"],
 )
 def test_depformer_fused_gives_the_torch_path_tokens(slots: int, few_rows: int) -> None:
-    """The last case: more rows than attended_linear takes, its attention a launch apart."""
+    """The few-rows kernels with the attention inside the out projection (attended_linear's
+    rows) and a launch apart (more rows)."""
     steps = 4
     # the few-rows case must take that path: all slots within the threshold
     assert few_rows == 0 or slots <= few_rows, (slots, few_rows)

@@ -29,7 +29,7 @@ from engine.models.moshi.transformer import RMS_EPS, gated_ffn
 
 # the largest batch for which the few-rows kernels beat the per-op ones (measured: see
 # kernels/fused_linear.py's docstring); at most that module's MAX_ROWS (its attention inside
-# the out projection up to kernels/attended_linear.py's MAX_ROWS, 4)
+# the out projection up to kernels/attended_linear.py's MAX_ROWS, 2)
 FEW_ROWS = 4
 
 

@@ -28,6 +28,18 @@ run, bench/results/mimi_gpu_channels_last_first.json): encode 0.89 -> 0.80 ms at
 128 calls went 2.31 -> 2.07 ms between two runs of bench/engine_stages.py
 (bench/results/engine_stages_convtr_channels_last.json -> engine_stages_after.json), before
 they became matrix products.
+
+Tried and reverted (commit 31cb4ed): each convolution as one Triton launch with the ELU in
+front, the window over the tail, the bias, the residual add and the tail update fused (an
+implicit GEMM over (slot, frame) rows in TF32; the tail double-buffered by a phase flipped
+per frame). It was slower than cuDNN and the torch glue it replaced, at every load, in one
+run (`python3 bench/mimi_gpu.py --slots 1,128 --no-sweep`, bench/results/
+mimi_gpu_conv_kernel.json; ms, the kernel on all but the three largest convolutions against
+all on cuDNN): encode 1.08 vs 0.60 at 1 call and 3.46 vs 2.41 at 128, decode 0.70 vs 0.46 and
+2.74 vs 2.46, with 136 against 178 encode kernels at 1 call; on every convolution 2.54 ms to
+encode at 1 call. Its TF32 products were also 4x noisier than cuDNN's (audio error 3.9e-3
+against eager TF32's own 9.2e-4, bench/results/gpu_tests_conv_kernel.log). Not profiled
+further; the launches it saves (~40 per direction) are worth ~0.1 ms at 1 call.
 """
 
 import torch
