@@ -39,6 +39,11 @@ bench/results/kernels_layer_attended_rows.json): 1 row 2.72 (3.40), 2 rows 3.50 
 3 rows 6.06 (4.91), 4 rows 6.20 (4.54). From 3 rows it lost (16 warps a program, where the
 entries and the product outgrow what a program keeps in flight), so MAX_ROWS is 2, down from
 the 4 it was first built for: the depformer's 3- and 4-slot steps keep the attention apart.
+The depformer stage, this limit against 4, two alternating pairs in one run (`python3
+bench/engine_stages.py --slots 1,2,3,4 --stages depformer`, bench/results/
+engine_stages_depformer_{old,new}_{1,2}.json), ms: 3 slots 1.62 / 1.60 -> 1.61 / 1.53, 4 slots
+1.64 / 1.62 -> 1.62 / 1.55 (266 kernels against 218), 1 and 2 slots unchanged (1.00-1.01,
+1.21-1.24): a small gain, at most about the run-to-run spread.
 """
 
 import math
