@@ -6,9 +6,10 @@ depformer stages with them (fused) and without (torch ops on CUDA), on one GPU.
 Per kernel (kernels/rms_norm.py, kernels/gated_silu.py, kernels/step_attention.py), bf16:
 microseconds per call of the kernel and of the torch ops it replaces, each captured 20 times
 in one CUDA graph (so launch gaps count as they do in the engine's graph), and the kernel's
-bytes moved per second against the device's HBM ceiling. Up to 4 slots also
-kernels/attended_linear.py against the two launches it replaces (step_attention, then
-fused_linear with the residual) in the `torch_us` column: not run on a GPU yet.
+bytes moved per second against the device's HBM ceiling. Up to attended_linear's MAX_ROWS
+slots also kernels/attended_linear.py against the two launches it replaces (step_attention,
+then fused_linear with the residual) in the `torch_us` column (run at 1-4 rows when MAX_ROWS
+was 4: bench/results/kernels_layer_attended_rows.json).
 
 Per stage, defined as in bench/engine_stages.py (`temporal`: embedding, 32 layers with every
 ring full, out norm, text head, text sampling; `depformer`: 8 steps x 6 layers with

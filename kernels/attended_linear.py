@@ -36,9 +36,9 @@ run: step p50 6.84 -> 6.70 ms against commit c4f227d (bench_engine_bf16_1_attend
 Alone, at the depformer's shapes, us per layer step against the two launches it replaces (one
 run, `python3 bench/kernels_layer.py --slots 1,2,3,4`,
 bench/results/kernels_layer_attended_rows.json): 1 row 2.72 (3.40), 2 rows 3.50 (4.21),
-3 rows 6.06 (4.91), 4 rows 6.20 (4.54). From 3 rows it lost (16 warps a program, where the
-entries and the product outgrow what a program keeps in flight), so MAX_ROWS is 2, down from
-the 4 it was first built for: the depformer's 3- and 4-slot steps keep the attention apart.
+3 rows 6.06 (4.91), 4 rows 6.20 (4.54). From 3 rows it lost (where it runs 16 warps a
+program; why it loses there was not profiled), so MAX_ROWS is 2, down from the 4 it was
+first built for: the depformer's 3- and 4-slot steps keep the attention apart.
 The depformer stage, this limit against 4, two alternating pairs in one run (`python3
 bench/engine_stages.py --slots 1,2,3,4 --stages depformer`, bench/results/
 engine_stages_depformer_{old,new}_{1,2}.json), ms: 3 slots 1.62 / 1.60 -> 1.61 / 1.53, 4 slots

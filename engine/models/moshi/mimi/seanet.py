@@ -37,9 +37,10 @@ run (`python3 bench/mimi_gpu.py --slots 1,128 --no-sweep`, bench/results/
 mimi_gpu_conv_kernel.json; ms, the kernel on all but the three largest convolutions against
 all on cuDNN): encode 1.08 vs 0.60 at 1 call and 3.46 vs 2.41 at 128, decode 0.70 vs 0.46 and
 2.74 vs 2.46, with 136 against 178 encode kernels at 1 call; on every convolution 2.54 ms to
-encode at 1 call. Its TF32 products were also 4x noisier than cuDNN's (audio error 3.9e-3
-against eager TF32's own 9.2e-4, bench/results/gpu_tests_conv_kernel.log). Not profiled
-further; the launches it saves (~40 per direction) are worth ~0.1 ms at 1 call.
+encode at 1 call. Its TF32 also failed the codec's GPU test (tests/kernels/test_mimi_codec.py):
+audio error against the eager codec 3.9e-3, where eager TF32 against fp32 is 9.2e-4
+(bench/results/gpu_tests_conv_kernel.log). Not profiled; the launches it saves (42 of 178 to
+encode at 1 call) would be worth ~0.1 ms at ~2.5 us each (an estimate, not measured).
 """
 
 import torch
