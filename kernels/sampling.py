@@ -57,7 +57,7 @@ def _row(logits_ptr, offset, cols, inside):  # type: ignore[no-untyped-def,unuse
 
 
 @triton.jit  # type: ignore[untyped-decorator,unused-ignore]
-def _key(logits):  # type: ignore[no-untyped-def,unused-ignore]
+def ordered_key(logits):  # type: ignore[no-untyped-def,unused-ignore]
     """fp32 -> uint32 in the same order: a negative value's bits flipped, a positive one's
     sign bit set."""
     bits = logits.to(tl.int32, bitcast=True)
@@ -65,8 +65,8 @@ def _key(logits):  # type: ignore[no-untyped-def,unused-ignore]
 
 
 @triton.jit  # type: ignore[untyped-decorator,unused-ignore]
-def _value(key):  # type: ignore[no-untyped-def,unused-ignore]
-    """_key's inverse."""
+def key_value(key):  # type: ignore[no-untyped-def,unused-ignore]
+    """ordered_key's inverse."""
     bits = key.to(tl.int32, bitcast=True)
     return tl.where(bits < 0, bits ^ SIGN, ~bits).to(tl.float32, bitcast=True)
 
@@ -100,7 +100,7 @@ def _sample_kernel(  # type: ignore[no-untyped-def,unused-ignore]
         token = tl.argmax(logits, axis=0, tie_break_left=True).to(tl.int64)
     else:
         # only the keys stay in registers: the logits are read back from them
-        key = _key(_row(logits_ptr, row * logits_stride, cols, inside))
+        key = ordered_key(_row(logits_ptr, row * logits_stride, cols, inside))
         kth = tl.full((), 0, tl.uint32)
         bit = tl.full((), 1 << 31, tl.uint32)
         for _ in range(key_bits):  # a loop, not unrolled: fewer registers live
@@ -109,10 +109,10 @@ def _sample_kernel(  # type: ignore[no-untyped-def,unused-ignore]
             kth = tl.where(above >= top_k, candidate, kth)
             bit = bit >> 1
         # max(l / T) = max(l) / T: dividing by T > 0 keeps the order, rounding included
-        peak = _value(tl.max(key, axis=0)) / temperature
+        peak = key_value(tl.max(key, axis=0)) / temperature
         top = (key >= kth) & inside  # kth is -inf, the padding's, where < k logits exceed it
         race = tl.load(noise_ptr + row * noise_stride + cols, mask=top, other=1.0)
-        score = tl.where(top, tl.exp(_value(key) / temperature - peak) / race, -1.0)
+        score = tl.where(top, tl.exp(key_value(key) / temperature - peak) / race, -1.0)
         token = tl.argmax(score, axis=0, tie_break_left=True).to(tl.int64)
     if has_forced:
         given = tl.load(forced_ptr + row * forced_stride)

@@ -31,6 +31,10 @@ from engine.models.moshi.transformer import RMS_EPS, gated_ffn
 # kernels/fused_linear.py's docstring); at most that module's MAX_ROWS (its attention inside
 # the out projection up to kernels/attended_linear.py's MAX_ROWS, 2)
 FEW_ROWS = 4
+# the largest batch for which the fused path runs the whole frame as one resident launch
+# (kernels/depformer_program.py; at most its MAX_ROWS). 0: it measured slower than the
+# few-rows kernels at every batch (that module's docstring), so it is not served
+PROGRAM_ROWS = 0
 
 
 class StepAttention(nn.Module):
@@ -195,6 +199,9 @@ class Depformer(nn.Module):
         # the fused path's largest batch that takes the few-rows kernels (DepformerLayer's
         # _few_rows; 0: never). Read at every call, like `fused`
         self.few_rows = FEW_ROWS
+        # the fused path's largest batch that runs the frame as one resident launch
+        # (kernels/depformer_program.py; 0: never). Read at every call, like `fused`
+        self.program_rows = PROGRAM_ROWS
 
     @classmethod
     def for_lm(
@@ -241,6 +248,13 @@ class Depformer(nn.Module):
         noise = draw_noise(shape, hidden.device, how, generator)
         if forced is None or forced_mask is None:
             forced = forced_mask = None
+        if projected is not None and hidden.shape[0] <= self.program_rows:
+            from kernels.depformer_program import depformer_program
+
+            return depformer_program(
+                self, projected.view(hidden.shape[0], -1), text, how.greedy, how.temperature,
+                how.top_k, noise, forced, forced_mask,
+            )  # fmt: skip
         tokens: list[Tensor] = []
         previous = text
         for step in range(self.steps):
