@@ -42,6 +42,31 @@ Loads of what other programs wrote in this launch bypass L1 (.cg). In Triton's i
 Weights are read in place from stacked tensors: `prepare_program` moves each layer's step
 weights into one [layers, steps, ...] tensor per kind and points the layers' parameters at
 its slices (no copy kept).
+
+Not served (Depformer.program_rows is 0): it is slower than the few-rows kernels. Predicted
+before measuring (H200, 1 slot): ~2.5 us a phase, ~0.55 ms a frame against 1.08 ms.
+Measured (one H200, torch 2.11, Triton 3.6, bf16, random weights, CUDA graphs, each with the
+few-rows kernels in the same run; `python3 bench/kernels_depformer.py`,
+bench/results/kernels_depformer_program_*.json), 1 slot, ms, greedy / sampling:
+- first version (barrier arrival with acq_rel after the weight loads): 1.89 / 1.98 against
+  1.02 / 1.24; 2 slots 2.49 / 2.69 against 1.28 / 1.36; 4 slots 5.5 against 1.6. A
+  release waits for this program's loads in flight, so the weights did not overlap the
+  barrier at all;
+- arrival (release) before the next phase's weight loads, the wait after them, and each
+  program's residual columns kept in registers (this code): 1.36-1.39 / 1.43-1.46 against
+  1.01-1.10 / 1.18-1.23, 6.7 us a phase; 2 slots 1.82-1.84 / 1.92-1.97 against 1.26-1.27 /
+  1.28-1.36.
+  Its weight loads and barriers alone (bench's _weights_only, same tiles): 0.64 ms a frame,
+  a barrier alone 0.95 us. So ~0.7 ms is inside the phases: the L2 round trip for the
+  activations after each wait, cross-warp reductions (16 warps), and Triton converting the
+  whole weight tile (64 KB, 128 KB at the gate) through shared memory into the activation's
+  layout before the product (its TTGIR: ttg.convert_layout of tensor<32x1024xbf16>);
+- the activations loaded as tiles of the weight's shape instead (no whole-tile conversion,
+  bench/results/kernels_depformer_program_tiles.json, reverted): 1.50-1.63 ms, as the
+  repeated rows spilled registers (480-760 bytes of stack a thread).
+What would make it win (not built): explicit layouts (Triton's Gluon) so that the weight
+tile never moves and the activation is broadcast into its layout, and the weights of two
+phases in flight (shared memory via TMA rather than registers), towards the 0.64 ms floor.
 """
 
 import math
