@@ -1,7 +1,7 @@
 """The depth transformer of one tick at a few slots: the served few-rows kernels against the
 one-launch resident program (kernels/depformer_program.py), in one run.
 
-    python bench/kernels_depformer.py --json OUT.json [--slots 1,2,4] [--rounds 2]
+    python bench/kernels_depformer.py --json OUT.json [--slots 1,2,4] [--rounds 2] [--warps 16,8]
 
 Moshi 7B depformer shapes (dim 4096 in, 1024 wide, 16 heads, 6 layers, FFN 2816, 8 steps,
 card 2048), bf16, random weights (N(0, 1/fan_in)). Both paths are Depformer.forward as the
@@ -12,7 +12,9 @@ projection and noise draw included, each captured in a CUDA graph and timed over
 compare within a round). GB/s counts the weight bytes a tick reads once (the embedding
 tables aside); `phase_us` is the program's time less the input projection's, per phase (201
 barriers a frame); `barrier_us` a grid barrier alone (a kernel that only synchronises, one
-program per multiprocessor). Also: whether greedy tokens are equal between the two.
+program per multiprocessor); `weights_only_ms` the program's weight loads and barriers with
+nothing else (_weights_only: the design's floor). `--warps`: the program timed at each count
+of warps (the module's WARPS). Also: whether greedy tokens are equal between the two.
 """
 
 import argparse
@@ -174,10 +176,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--slots", default="1,2,4")
     parser.add_argument("--rounds", type=int, default=2)
-    parser.add_argument(
-        "--configs", default=f"{program.WARPS}:{program.PROGRAMS_PER_SM}",
-        help="the program's warps:programs per multiprocessor, each timed",
-    )  # fmt: skip
+    parser.add_argument("--warps", default=str(program.WARPS), help="the program's, each timed")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
@@ -212,14 +211,13 @@ def main() -> int:
             for label, how in WAYS:
                 kernels = time_path(depformer, 0, slots, how)
                 timed[label] = {"kernels": kernels}
-                for config in args.configs.split(","):
-                    warps, per_sm = (int(part) for part in config.split(":"))
-                    program.WARPS, program.PROGRAMS_PER_SM = warps, per_sm
+                for warps in (int(w) for w in args.warps.split(",")):
+                    program.WARPS = warps
                     one = time_path(depformer, MAX_ROWS, slots, how)
                     one["weight_gbs"] = round(read_bytes / one["median_ms"] / 1e6, 1)
                     one["phase_us"] = round(1000 * (one["median_ms"] - project_ms) / PHASES, 2)
                     one["speedup"] = round(kernels["median_ms"] / one["median_ms"], 3)
-                    timed[label][f"program_w{warps}_x{per_sm}"] = one
+                    timed[label][f"program_w{warps}"] = one
             entry["rounds"].append(timed)
         result["rows"].append(entry)
         log.info("%s", json.dumps(entry))

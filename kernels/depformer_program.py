@@ -87,9 +87,7 @@ from kernels.sampling import key_value, ordered_key
 __all__ = ["MAX_ROWS", "arrive", "depformer_program", "prepare_program", "wait_for", "weight_tile"]
 
 MAX_ROWS = 4  # rows of the CUDA-core products; every program reads all of them
-WARPS = 16  # a program's warps
-PROGRAMS_PER_SM = 1  # programs per multiprocessor; registers capped so that all fit
-REGISTERS_PER_SM = 65536
+WARPS = 16  # one program per multiprocessor: 512 threads, at most 128 registers each
 STREAM = tl.constexpr("evict_first")  # weights are read once a frame: they need not stay in L2
 
 
@@ -540,8 +538,7 @@ def depformer_program(
     gated = torch.empty(batch, hidden, device=device, dtype=dtype)
     logits = torch.empty(batch, card, device=device, dtype=dtype)
     counter = _counter(device)
-    # one in the interpreter: module docstring
-    programs = multiprocessors(device, 1) * (PROGRAMS_PER_SM if device.type == "cuda" else 1)
+    programs = multiprocessors(device, 1)  # one in the interpreter: module docstring
     args = (
         projected, text, out, forced, flags, noise, text_emb, emb,
         qkv_w, out_w, gate_w, down_w, norm1, norm2, head_w, keys, values,
@@ -560,7 +557,6 @@ def depformer_program(
         steps_pow2=triton.next_power_of_2(steps), hidden_pow2=triton.next_power_of_2(hidden),
         qkv_cols=columns(3 * dep_dim), model_cols=columns(dep_dim), gate_cols=columns(hidden),
         head_cols=columns(card), num_warps=WARPS,
-        maxnreg=min(255, REGISTERS_PER_SM // (PROGRAMS_PER_SM * WARPS * 32)),
     )  # fmt: skip
     if device.type == "cuda":
         key = (device, str(dtype), *sorted(constants.items()))
