@@ -60,10 +60,11 @@ bench/results/kernels_depformer_program_*.json), 1 slot, ms, greedy / sampling:
   a barrier alone 0.95 us. So ~0.7 ms is inside the phases: the L2 round trip for the
   activations after each wait, cross-warp reductions (16 warps), and Triton converting the
   whole weight tile (64 KB, 128 KB at the gate) through shared memory into the activation's
-  layout before the product (its TTGIR: ttg.convert_layout of tensor<32x1024xbf16>);
+  layout before the product (ttg.convert_layout of tensor<32x1024xbf16> in its TTGIR, built
+  for sm_90 on a CPU with Triton 3.6's triton.compile by a script not kept);
 - the activations loaded as tiles of the weight's shape instead (no whole-tile conversion,
   bench/results/kernels_depformer_program_tiles.json, reverted): 1.50-1.63 ms, as the
-  repeated rows spilled registers (480-760 bytes of stack a thread).
+  repeated rows spilled registers (480-760 bytes of stack a thread, same kind of build).
 What would make it win (not built): explicit layouts (Triton's Gluon) so that the weight
 tile never moves and the activation is broadcast into its layout, and the weights of two
 phases in flight (shared memory via TMA rather than registers), towards the 0.64 ms floor.
@@ -435,8 +436,9 @@ def _kinds(depformer: "Depformer") -> list[list[nn.Parameter]]:
 
 def prepare_program(depformer: "Depformer") -> tuple[Tensor, ...]:
     """Stack each kind of layer weight into one tensor and point the layers' parameters at
-    its slices (module docstring); again only where a parameter was moved since. Run it
-    outside a CUDA graph capture (depformer_program does on its first call)."""
+    its slices (module docstring), and allocate the device's barrier counter; a no-op while
+    every parameter still points there, else stacked again. Run it outside a CUDA graph
+    capture (depformer_program does on its first call)."""
     kinds = _kinds(depformer)
     stacked = _STACKED.get(depformer)
     if stacked is not None and all(
@@ -453,6 +455,7 @@ def prepare_program(depformer: "Depformer") -> tuple[Tensor, ...]:
             for index, param in enumerate(params):
                 param.data = whole[index]
     _STACKED[depformer] = stacked
+    _counter(stacked[0].device)
     return stacked
 
 
@@ -572,8 +575,8 @@ _COUNTERS: dict[torch.device, Tensor] = {}
 
 
 def _counter(device: torch.device) -> Tensor:
-    """The device's barrier counter (int64 [1]), allocated on first use: outside a capture
-    (the first call compiles and checks residency, outside it too)."""
+    """The device's barrier counter (int64 [1]), allocated by prepare_program, outside any
+    capture."""
     if device not in _COUNTERS:
         _COUNTERS[device] = torch.zeros(1, device=device, dtype=torch.int64)
     return _COUNTERS[device]
