@@ -66,9 +66,6 @@ def build(tiles: Tiles, rows: int, mode: tuple[bool, bool, bool, bool]) -> tuple
         constants["dot"] = tiles.dot
     types = pointers | dict.fromkeys(INTEGERS, "i32")
     types |= {"eps": "fp32"} | dict.fromkeys(constants, "constexpr")
-    # the last parameters, in the kernels' order
-    types |= {"next_ptr": "*u8", "next_bytes": "i32", "prefetch": "constexpr"}
-    constants["prefetch"] = True
     names = list(types)
     aligned = [*pointers, *INTEGERS[1:]]  # the row count is not specialized
     attrs = {(names.index(name),): [["tt.divisibility", 16]] for name in aligned}

@@ -57,11 +57,7 @@ def build(fp8: bool, block_n: int, warps: int, stages: int, head_dim: int) -> by
         constants["groups"] = min(block_n, warps * 32 * 16 // head_dim)
     else:
         constants["precision"] = None
-    # as served: without PDL (dependent_launch.SKIPPED), sending a weight towards L2
-    constants["pdl"] = False
     types = signature(fp8) | dict.fromkeys(constants, "constexpr")
-    types |= {"next_ptr": "*u8", "next_bytes": "i32", "prefetch": "constexpr"}
-    constants["prefetch"] = True
     names = list(types)
     aligned = [*POINTERS, "k_scale_ptr", "v_scale_ptr", "stride_q_slot", "stride_q_head"]
     attrs = {(names.index(n),): [["tt.divisibility", 16]] for n in aligned if n in names}

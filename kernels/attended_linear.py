@@ -55,7 +55,6 @@ from torch import Tensor
 
 from kernels.dependent_launch import dependent, wait_for_inputs
 from kernels.fused_linear import STREAM, store_block
-from kernels.l2_prefetch import ahead, prefetch_share
 
 # measured faster than step_attention + fused_linear up to 2 rows only (module docstring)
 MAX_ROWS = 2
@@ -84,9 +83,6 @@ def _attended_linear_kernel(  # type: ignore[no-untyped-def,unused-ignore]
     block_m: tl.constexpr,
     block_n: tl.constexpr,
     pdl: tl.constexpr,
-    next_ptr,
-    next_bytes,
-    prefetch: tl.constexpr,
 ):
     dim: tl.constexpr = heads * head_dim
     program = tl.program_id(0)
@@ -98,7 +94,6 @@ def _attended_linear_kernel(  # type: ignore[no-untyped-def,unused-ignore]
     w_offsets = col.to(tl.int64)[:, None] * stride_weight + cols[None, :]
     # weights are never written in a tick: loaded before the wait (module docstring)
     w = tl.load(weight_ptr + w_offsets, mask=(col < n)[:, None], other=0.0, eviction_policy=STREAM)
-    prefetch_share(next_ptr, next_bytes, prefetch)  # the next launch's weight (l2_prefetch)
     wait_for_inputs(pdl)
     source = qkv_ptr + row[:, None].to(tl.int64) * stride_qkv + cols[None, :]
     q = tl.load(source, mask=inside, other=0.0).to(tl.float32)
@@ -149,18 +144,10 @@ def attended_linear_reference(
 
 
 def attended_linear(
-    qkv: Tensor,
-    keys: Tensor,
-    values: Tensor,
-    step: int,
-    weight: Tensor,
-    residual: Tensor,
-    prefetch: Tensor | None = None,
+    qkv: Tensor, keys: Tensor, values: Tensor, step: int, weight: Tensor, residual: Tensor
 ) -> Tensor:
     """qkv [rows, 3 * dim], scratch [slots >= rows, heads, steps, head_dim], weight [n, dim],
-    residual [rows, n] -> [rows, n] (module docstring); writes the scratch's entry `step`.
-    `prefetch`: the weight the launch after this one reads, sent towards L2 by this one
-    (kernels/l2_prefetch.py)."""
+    residual [rows, n] -> [rows, n] (module docstring); writes the scratch's entry `step`."""
     rows, width = qkv.shape
     _, heads, steps, head_dim = keys.shape
     dim = heads * head_dim
@@ -207,7 +194,6 @@ def attended_linear(
         block_n=BLOCK_N,
         pdl=pdl,
         launch_pdl=pdl,
-        **ahead(prefetch, qkv),
         # the entries' tiles hold rows * steps * dim values: at the 7B shapes (8 steps of
         # 1024) 64 a thread at any row count
         num_warps=4 * triton.next_power_of_2(rows),

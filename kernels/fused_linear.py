@@ -125,7 +125,6 @@ from torch.nn import functional
 
 from kernels.dependent_launch import dependent, wait_for_inputs
 from kernels.device import multiprocessors
-from kernels.l2_prefetch import ahead, prefetch_share
 
 FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 MAX_ROWS = 16  # rows of one program; more rows would re-read the weight per row block
@@ -344,9 +343,6 @@ def _fused_linear_kernel(  # type: ignore[no-untyped-def,unused-ignore]
     dot: tl.constexpr,
     widen: tl.constexpr,
     pdl: tl.constexpr,
-    next_ptr,
-    next_bytes,
-    prefetch: tl.constexpr,
 ):
     program = tl.program_id(0)
     programs = tl.num_programs(0)
@@ -365,7 +361,6 @@ def _fused_linear_kernel(  # type: ignore[no-untyped-def,unused-ignore]
     w, w_up = _weight_tiles(
         weight_ptr, stride_weight, n, k, program * block_n + lanes, steps, gated
     )
-    prefetch_share(next_ptr, next_bytes, prefetch)  # the next launch's weight (l2_prefetch)
     wait_for_inputs(pdl)
     inv = tl.zeros([block_m], dtype=tl.float32)  # read only when norm
     if norm:
@@ -471,9 +466,6 @@ def _swapped_linear_kernel(  # type: ignore[no-untyped-def,unused-ignore]
     gated: tl.constexpr,
     widen: tl.constexpr,
     pdl: tl.constexpr,
-    next_ptr,
-    next_bytes,
-    prefetch: tl.constexpr,
 ):
     """Tiles.swap: out^T = weight @ x^T on the tensor cores, the weight tile the left operand
     (block_n of its rows fill the product's M), the rows the right one (padded to block_m
@@ -492,7 +484,6 @@ def _swapped_linear_kernel(  # type: ignore[no-untyped-def,unused-ignore]
     row = tl.arange(0, block_m)
     row_in = row < rows
     lanes = tl.arange(0, block_n)
-    prefetch_share(next_ptr, next_bytes, prefetch)  # the next launch's weight (l2_prefetch)
     wait_for_inputs(pdl)
     inv = tl.zeros([block_m], dtype=tl.float32)  # read only when norm
     if norm:
@@ -607,7 +598,6 @@ def _launch(
     residual: Tensor | None,
     gated: bool,
     tiles: Tiles | None,
-    prefetch: Tensor | None,
 ) -> tuple[Tensor, Tensor]:
     k = x.shape[-1]
     rows = _rows(x, k, "x")
@@ -702,7 +692,6 @@ def _launch(
         widen=x.dtype == torch.float32 or not x.is_cuda,
         pdl=pdl,
         launch_pdl=pdl,
-        **ahead(prefetch, x),
         num_warps=tiles.warps,
         num_stages=stages,
     )
@@ -718,13 +707,10 @@ def fused_linear(
     residual: Tensor | None = None,
     gated: bool = False,
     tiles: Tiles | None = None,
-    prefetch: Tensor | None = None,
 ) -> Tensor:
     """x: [..., k] -> [..., n]: linear(rms_norm(x) if alpha is given), then silu(gate) * up
-    if `gated`, plus `residual` if given (module docstring), one launch. `prefetch`: the
-    weight the launch after this one reads, sent towards L2 by this one (kernels/
-    l2_prefetch.py)."""
-    return _launch(x, weight, alpha, eps, None, residual, gated, tiles, prefetch)[1]
+    if `gated`, plus `residual` if given (module docstring), one launch."""
+    return _launch(x, weight, alpha, eps, None, residual, gated, tiles)[1]
 
 
 def add_fused_linear(
@@ -736,8 +722,6 @@ def add_fused_linear(
     eps: float,
     gated: bool = False,
     tiles: Tiles | None = None,
-    prefetch: Tensor | None = None,
 ) -> tuple[Tensor, Tensor]:
-    """x, pending: [..., k] -> (x + pending, linear(rms_norm(x + pending))), one launch
-    (`prefetch` as fused_linear's)."""
-    return _launch(x, weight, alpha, eps, pending, None, gated, tiles, prefetch)
+    """x, pending: [..., k] -> (x + pending, linear(rms_norm(x + pending))), one launch."""
+    return _launch(x, weight, alpha, eps, pending, None, gated, tiles)

@@ -72,7 +72,6 @@ from torch import Tensor
 from engine.models.moshi.attention import FP8_MAX, KV_FP8, KV_SCALE_DTYPE
 from kernels.dependent_launch import dependent, wait_for_inputs
 from kernels.device import multiprocessors
-from kernels.l2_prefetch import ahead, prefetch_share
 
 # the pass-1 program; module-level and read at each launch, so the bench can sweep them
 BLOCK_N = 32  # ring entries per tile: a 32 x 128 bf16 tile of K is 8 KiB
@@ -140,14 +139,10 @@ def _ring_split_kernel(  # type: ignore[no-untyped-def,unused-ignore]
     empty: tl.constexpr,
     precision: tl.constexpr,
     pdl: tl.constexpr,
-    next_ptr,
-    next_bytes,
-    prefetch: tl.constexpr,
 ):
     """Pass 1 over rings in q's dtype: the query is repeated over the 16 rows a tensor-core dot
     needs, so the tile reductions are matrix products fed straight from the (pipelined) K/V
     loads."""
-    prefetch_share(next_ptr, next_bytes, prefetch)  # the next launch's weight (l2_prefetch)
     wait_for_inputs(pdl)
     row = tl.program_id(0)  # slot * heads + head
     split = tl.program_id(1)
@@ -223,9 +218,6 @@ def _ring_split_fp8_kernel(  # type: ignore[no-untyped-def,unused-ignore]
     groups: tl.constexpr,
     empty: tl.constexpr,
     pdl: tl.constexpr,
-    next_ptr,
-    next_bytes,
-    prefetch: tl.constexpr,
 ):
     """Pass 1 over fp8 rings: the ring entries are the rows of the score product (K q^T, the
     tile straight from shared memory as an e4m3 operand, no conversion), and the value tile is
@@ -237,7 +229,6 @@ def _ring_split_fp8_kernel(  # type: ignore[no-untyped-def,unused-ignore]
     group g, and a thread holds all `rounds` rows of its group for 16 bytes of head_dim, so
     the value rows are summed in registers and each group keeps its own running max, sum and
     accumulator; the groups are merged once, after the loop."""
-    prefetch_share(next_ptr, next_bytes, prefetch)  # the next launch's weight (l2_prefetch)
     wait_for_inputs(pdl)
     rounds: tl.constexpr = block_n // groups
     row = tl.program_id(0)  # slot * heads + head
@@ -383,7 +374,6 @@ def ring_attention(
     num_warps: int | None = None,
     num_stages: int | None = None,
     scales: tuple[Tensor, Tensor] | None = None,
-    prefetch: Tensor | None = None,
 ) -> Tensor:
     """Decode attention of q over the ring (module docstring); returns [slots, heads, head_dim]
     in q's dtype. `splits` overrides the split count (tests use it to force the combine);
@@ -392,8 +382,7 @@ def ring_attention(
     FP8_ versions, read at each launch so that bench/kernels_ring_attention.py can run the
     model with the best of its sweep). fp8 rings
     come with their per-entry `scales` (key_scale, value_scale): bf16 [slots, heads,
-    capacity] (attention.py's quantize_kv). `prefetch`: the weight read after the attention,
-    sent towards L2 by its first pass (kernels/l2_prefetch.py)."""
+    capacity] (attention.py's quantize_kv)."""
     fp8 = scales is not None
     slots, heads, head_dim = q.shape
     program = pass1_program(slots * heads, fp8)
@@ -434,7 +423,6 @@ def ring_attention(
     out = torch.empty(slots, heads, head_dim, device=q.device, dtype=q.dtype)
     qk_scale_log2 = math.log2(math.e) / math.sqrt(head_dim)
     pdl = dependent(q, "ring_attention")
-    sent = ahead(prefetch, q)
     if scales is None:
         _ring_split_kernel[(rows, splits)](
             q,
@@ -461,7 +449,6 @@ def ring_attention(
             num_stages=num_stages,
             pdl=pdl,
             launch_pdl=pdl,
-            **sent,
         )
     else:
         # a thread loads 16 bytes of an entry: one pass of the program over the tile covers
@@ -493,7 +480,6 @@ def ring_attention(
             num_stages=num_stages,
             pdl=pdl,
             launch_pdl=pdl,
-            **sent,
         )
     _ring_combine_kernel[(rows,)](
         part_max,

@@ -221,17 +221,10 @@ class RingAttention(nn.Module):
         return projected
 
     def decode(
-        self,
-        qkv: Tensor,
-        start: Tensor,
-        keys: Tensor,
-        values: Tensor,
-        ring: RingRead,
-        prefetch: Tensor | None = None,
+        self, qkv: Tensor, start: Tensor, keys: Tensor, values: Tensor, ring: RingRead
     ) -> Tensor:
         """The Triton path, before the output projection: [B, 1, 3, H, D] -> [B, H, 1, D]
-        (also TemporalLayer's few-rows path, which passes `prefetch`: the weight sent towards
-        L2 while the rings are read, kernels/l2_prefetch.py)."""
+        (also TemporalLayer's few-rows path)."""
         # imported here: triton is absent from CPU-only installs, which never take this path
         from kernels.kv_append import rope_kv_append
         from kernels.ring_attention import ring_attention
@@ -239,9 +232,7 @@ class RingAttention(nn.Module):
         if qkv.shape[1] != 1:
             raise ValueError(f"ring decode attends one query per slot, got {qkv.shape[1]}")
         q = rope_kv_append(qkv, start, keys, values, self.rope_freqs, ring.scales)
-        out = ring_attention(
-            q[:, :, 0], keys, values, start, ring.context, scales=ring.scales, prefetch=prefetch
-        )
+        out = ring_attention(q[:, :, 0], keys, values, start, ring.context, scales=ring.scales)
         return out[:, :, None]
 
     def _masked(

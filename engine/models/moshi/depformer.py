@@ -108,14 +108,12 @@ class DepformerLayer(nn.Module):
         values: Tensor,
         fused: bool,
         few_rows: bool,
-        then: Tensor | None = None,
     ) -> Tensor:
         """The layer's input is x + pending (pending: the first layer's token embedding, added
         in the norm's launch when fused). `fused`: the kernels of kernels/ (see gated_ffn);
-        `few_rows` (fused, at most Depformer.few_rows slots): four launches, see _few_rows,
-        the last sending `then` (the weight read next, None: nothing) towards L2."""
+        `few_rows` (fused, at most Depformer.few_rows slots): four launches, see _few_rows."""
         if few_rows:
-            return self._few_rows(x, pending, step, keys, values, then)
+            return self._few_rows(x, pending, step, keys, values)
         if pending is None:
             normed = rms_norm(x, self.norm1.alpha, self.norm1.eps, fused)
         else:
@@ -126,20 +124,13 @@ class DepformerLayer(nn.Module):
         return out
 
     def _few_rows(
-        self,
-        x: Tensor,
-        pending: Tensor | None,
-        step: int,
-        keys: Tensor,
-        values: Tensor,
-        then: Tensor | None,
+        self, x: Tensor, pending: Tensor | None, step: int, keys: Tensor, values: Tensor
     ) -> Tensor:
         """The fused layer step for a few slots in four launches (kernels/fused_linear.py,
         kernels/attended_linear.py): [norm (+ pending) + qkv], [attention + out + residual],
         [norm + gate/up + SiLU], [down + residual]. The norm after attention is the gate/up
         GEMM's prologue. Above attended_linear's MAX_ROWS (a bench may raise few_rows to
-        fused_linear's) the attention is a launch of its own (kernels/step_attention.py).
-        Each launch sends the next one's weight towards L2 (the last: `then`)."""
+        fused_linear's) the attention is a launch of its own (kernels/step_attention.py)."""
         # imported here: triton is absent from CPU-only installs, which never take this path
         from kernels.attended_linear import MAX_ROWS as ATTENDED_ROWS
         from kernels.attended_linear import attended_linear
@@ -147,25 +138,23 @@ class DepformerLayer(nn.Module):
         from kernels.step_attention import step_attention
 
         batch, _, dim = x.shape
-        in_proj, out_proj = self.self_attn.in_proj[step], self.self_attn.out_proj[step]
-        linear_in, linear_out = self.gating.linear_in[step], self.gating.linear_out[step]
-        norm1, norm2 = self.norm1, self.norm2
+        in_proj = self.self_attn.in_proj[step]
         if pending is None:
-            qkv = fused_linear(x, in_proj, alpha=norm1.alpha, eps=norm1.eps, prefetch=out_proj)
+            qkv = fused_linear(x, in_proj, alpha=self.norm1.alpha, eps=self.norm1.eps)
         else:
             x, qkv = add_fused_linear(
-                x, pending, in_proj, alpha=norm1.alpha, eps=norm1.eps, prefetch=out_proj
+                x, pending, in_proj, alpha=self.norm1.alpha, eps=self.norm1.eps
             )
+        out_proj = self.self_attn.out_proj[step]
         qkv = qkv.view(batch, 3 * dim)
         if batch <= ATTENDED_ROWS:
-            x = attended_linear(qkv, keys, values, step, out_proj, x[:, 0], linear_in)[:, None]
+            x = attended_linear(qkv, keys, values, step, out_proj, x[:, 0])[:, None]
         else:
             attended = step_attention(qkv, keys, values, step)
-            x = fused_linear(attended.view(x.shape), out_proj, residual=x, prefetch=linear_in)
-        gated = fused_linear(
-            x, linear_in, alpha=norm2.alpha, eps=norm2.eps, gated=True, prefetch=linear_out
-        )
-        return fused_linear(gated, linear_out, residual=x, prefetch=then)
+            x = fused_linear(attended.view(x.shape), out_proj, residual=x)
+        linear_in, linear_out = self.gating.linear_in[step], self.gating.linear_out[step]
+        gated = fused_linear(x, linear_in, alpha=self.norm2.alpha, eps=self.norm2.eps, gated=True)
+        return fused_linear(gated, linear_out, residual=x)
 
 
 class Depformer(nn.Module):
@@ -279,8 +268,7 @@ class Depformer(nn.Module):
             for index, layer in enumerate(self.layers):
                 batch = x.shape[0]  # all slots, or 1 for a prompt replay
                 keys, values = self.keys[index, :batch], self.values[index, :batch]
-                then = self._read_after(index, step)
-                x = layer(x, pending, step, keys, values, fused, few_rows, then)
+                x = layer(x, pending, step, keys, values, fused, few_rows)
                 pending = None
             logits = self._head(x[:, 0], step, few_rows)  # [B, card]
             token = sample(
@@ -296,27 +284,10 @@ class Depformer(nn.Module):
             previous = token
         return torch.stack(tokens, dim=1)
 
-    def _read_after(self, layer: int, step: int) -> Tensor:
-        """The weight the few-rows path reads after `layer`'s last launch at `step` (sent
-        towards L2 by that launch, kernels/l2_prefetch.py): the next layer's qkv weight,
-        after the last layer the step's head."""
-        if layer + 1 < len(self.layers):
-            return self._qkv_weight(layer + 1, step)
-        return self.linears[step]
-
-    def _qkv_weight(self, layer: int, step: int) -> Tensor:
-        block = self.layers[layer]
-        assert isinstance(block, DepformerLayer)
-        return block.self_attn.in_proj[step]
-
     def _head(self, x: Tensor, step: int, few_rows: bool) -> Tensor:
-        """x: [B, dep_dim] -> step's logits [B, card]; on the few-rows path it sends the next
-        step's first qkv weight towards L2."""
+        """x: [B, dep_dim] -> step's logits [B, card]."""
         if few_rows:
             from kernels.fused_linear import fused_linear
 
-            after = None
-            if step + 1 < self.steps:
-                after = self._qkv_weight(0, step + 1)
-            return fused_linear(x, self.linears[step], prefetch=after)
+            return fused_linear(x, self.linears[step])
         return functional.linear(x, self.linears[step])

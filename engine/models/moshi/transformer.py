@@ -156,11 +156,9 @@ class TemporalLayer(nn.Module):
         heads = attention.num_heads
         normed = rms_norm(x, self.norm1.alpha, self.norm1.eps, True)
         qkv = attention.in_proj(normed).view(batch, 1, 3, heads, dim // heads)
-        out_proj = attention.out_proj.weight
-        # [B, H, 1, D]; the out projection's weight (33.5 MB at 7B) sent towards L2 meanwhile
-        attended = attention.decode(qkv, start, keys, values, ring, out_proj)
+        attended = attention.decode(qkv, start, keys, values, ring)  # [B, H, 1, D]
         attended = attended.transpose(1, 2).reshape(batch, 1, dim)  # the heads side by side
-        x = fused_linear(attended, out_proj, residual=x)
+        x = fused_linear(attended, attention.out_proj.weight, residual=x)
         normed = rms_norm(x, self.norm2.alpha, self.norm2.eps, True)
         gated = gated_silu(gating.linear_in(normed))
         return fused_linear(gated, gating.linear_out.weight, residual=x)
