@@ -22,10 +22,7 @@ slots, on the few-rows path whatever the default threshold (`temporal_few_rows`)
 kernels/dependent_launch.py). `--tiles` times the depformer's few-rows path with each given
 fused_linear tile (`block_n:block_k:warps[:programs_per_sm]`, CUDA cores) as
 `depformer_tiles`. `--pdl-skip` names kernels that launch without PDL in every run
-(kernels/dependent_launch.SKIPPED). `--prefetch both` times the stages twice with the swapped
-linear's first tiles sent towards L2 before its wait and twice without
-(`<stage>_no_prefetch`; kernels/fused_linear.PREFETCH), alternating, the second round's keys
-ending in `_again`.
+(kernels/dependent_launch.SKIPPED).
 
 Reported per stage: median and p99 ms per replay (CUDA events, 50 replays after 5), and the
 number of kernels one eager run of the stage launches (torch profiler). The sum of the
@@ -78,7 +75,6 @@ def stages(
     per_op: bool,
     pdl: str,
     tiles_swept: list[Tiles],
-    prefetch: str,
 ) -> dict[str, Any]:
     config = moshiko()
     device = torch.device("cuda")
@@ -111,18 +107,13 @@ def stages(
     plan = {name: plan[name] for name in names}
     row: dict[str, Any] = {"slots": slots, "pdl_skipped": sorted(dependent_launch.SKIPPED)}
     modes = {"on": [True], "off": [False], "both": [True, False]}[pdl]
-    sends = {"on": [True], "off": [False], "both": [True, False, True, False]}[prefetch]
     with torch.no_grad():
         for enabled in modes:
             dependent_launch.ENABLED = enabled
             suffix = "" if enabled else "_no_pdl"
-            for round_, send in enumerate(sends):
-                fused_linear_module.PREFETCH = send
-                key = suffix + ("" if send else "_no_prefetch") + ("_again" if round_ >= 2 else "")
-                for name, stage in plan.items():
-                    row[name + key] = timed(stage)
-                    log.info("%d slots %s %s", slots, name + key, row[name + key])
-            fused_linear_module.PREFETCH = sends[0]
+            for name, stage in plan.items():
+                row[name + suffix] = timed(stage)
+                log.info("%d slots %s %s", slots, name + suffix, row[name + suffix])
             if per_op and "depformer" in plan:
                 lm.depformer.few_rows = 0
                 row["depformer_per_op" + suffix] = timed(plan["depformer"])
@@ -135,7 +126,6 @@ def stages(
                         log.info("%d slots %s %s", slots, name + suffix, row[name + suffix])
                 lm.transformer.few_rows = TEMPORAL_FEW_ROWS
         dependent_launch.ENABLED = True
-        fused_linear_module.PREFETCH = True
         if tiles_swept and "depformer" in plan and slots <= lm.depformer.few_rows:
             default = fused_linear_module.default_tiles
             row["depformer_tiles"] = {}
@@ -161,7 +151,6 @@ def main() -> int:
     parser.add_argument("--pdl", choices=["on", "off", "both"], default="on")
     parser.add_argument("--pdl-skip", help="kernels launched without PDL (default: the module's)")
     parser.add_argument("--tiles", default="", help="block_n:block_k:warps[:programs_per_sm],...")
-    parser.add_argument("--prefetch", choices=["on", "off", "both"], default="on")
     args = parser.parse_args()
     tiles = [parse_tiles(spec) for spec in args.tiles.split(",") if spec]
     if args.pdl_skip is not None:
@@ -175,7 +164,7 @@ def main() -> int:
         "rows": [],
     }
     for slots in [int(s) for s in args.slots.split(",")]:
-        row = stages(slots, args.stages.split(","), args.per_op, args.pdl, tiles, args.prefetch)
+        row = stages(slots, args.stages.split(","), args.per_op, args.pdl, tiles)
         result["rows"].append(row)
         torch.cuda.empty_cache()
         if args.json:

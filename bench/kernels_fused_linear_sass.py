@@ -62,8 +62,6 @@ def build(tiles: Tiles, rows: int, mode: tuple[bool, bool, bool, bool]) -> tuple
     if tiles.swap:
         pointers |= {"partial_ptr": "*fp32", "arrived_ptr": "*i32"}
         constants |= {"norm_k": fused_linear.NORM_K, "splits": tiles.splits}
-        # as served (fused_linear.PREFETCH): the first tiles sent towards L2 before the wait
-        constants["prefetch_tiles"] = tiles.stages
     else:
         constants["dot"] = tiles.dot
     types = pointers | dict.fromkeys(INTEGERS, "i32")

@@ -134,10 +134,6 @@ CUDA_CORE_ROWS = 4  # default_tiles: rows up to this many on the CUDA cores
 SWAP_K = 4096
 NORM_K = 512  # the swapped kernel's norm statistics: this much of k per iteration
 SHARED_BYTES = 200 << 10  # the swapped kernel's pipeline stages: at most this much (228 KB/SM)
-# The swapped kernel, before it waits for its inputs, sends its first unit's first `stages`
-# weight tiles towards L2 (_prefetch_first_tiles). Read at every launch (benches switch it
-# off to compare); set it before a graph is captured.
-PREFETCH = True
 # per device: the split units' sums and arrival counts, the last the largest (_split_workspace)
 _WORKSPACES: dict[torch.device, list[tuple[Tensor, Tensor]]] = {}
 
@@ -243,32 +239,6 @@ def _weight_tiles(weight_ptr, stride_weight, n, k, col, cols, gated: tl.constexp
         up = (col + n).to(tl.int64)[:, None] * stride_weight + cols[None, :]
         w_up = tl.load(weight_ptr + up, mask=tile, other=0.0, eviction_policy=STREAM)
     return w, w_up
-
-
-@triton.jit  # type: ignore[untyped-decorator,unused-ignore]
-def _prefetch_first_tiles(  # type: ignore[no-untyped-def,unused-ignore]
-    weight_ptr, stride_weight, n, k, col, first_k, part_k, ahead_k, gated: tl.constexpr
-):
-    """Bulk L2 prefetches (`cp.async.bulk.prefetch.L2`, sm_90; hints: nothing waits on
-    them) of the weight rows `col` from reduction column first_k, as far as ahead_k columns
-    (at most the unit's part_k, and k): the tiles the pipeliner loads first. Issued before
-    the program waits for its inputs, they are on their way while the kernel before runs
-    (under PDL, kernels/dependent_launch.py). Row starts and lengths are 16-byte multiples
-    when the launcher enables this (FLOAT_DTYPES, k and the split a multiple of 8)."""
-    item: tl.constexpr = weight_ptr.dtype.element_ty.primitive_bitwidth // 8
-    size = (tl.minimum(tl.minimum(ahead_k, part_k), k - first_k) * item).to(tl.int32)
-    rows = tl.where(col < n, col, n - 1).to(tl.int64)
-    for row in tl.static_range(1 + gated):
-        source = weight_ptr + (rows + row * n) * stride_weight + first_k
-        tl.inline_asm_elementwise(
-            "{ .reg .pred p; setp.gt.s32 p, $2, 0;"
-            " @p cp.async.bulk.prefetch.L2.global [$1], $2; mov.u32 $0, 0; }",
-            "=r,l,r",
-            [source, size],
-            dtype=tl.int32,
-            is_pure=False,
-            pack=1,
-        )
 
 
 @triton.jit  # type: ignore[untyped-decorator,unused-ignore]
@@ -496,7 +466,6 @@ def _swapped_linear_kernel(  # type: ignore[no-untyped-def,unused-ignore]
     gated: tl.constexpr,
     widen: tl.constexpr,
     pdl: tl.constexpr,
-    prefetch_tiles: tl.constexpr,
 ):
     """Tiles.swap: out^T = weight @ x^T on the tensor cores, the weight tile the left operand
     (block_n of its rows fill the product's M), the rows the right one (padded to block_m
@@ -509,19 +478,12 @@ def _swapped_linear_kernel(  # type: ignore[no-untyped-def,unused-ignore]
     fp32 sums in `partial_ptr` and counts itself in `arrived_ptr` (one int32 per column block,
     zero between launches); the unit that arrives last adds the parts in their order (the
     sums do not depend on which unit is last), runs the epilogue and sets the count back to
-    zero. Each program first sends its first unit's first `prefetch_tiles` weight tiles
-    towards L2 (_prefetch_first_tiles; 0: none)."""
+    zero."""
     program = tl.program_id(0)
     programs = tl.num_programs(0)
     row = tl.arange(0, block_m)
     row_in = row < rows
     lanes = tl.arange(0, block_n)
-    part_k = tl.cdiv(tl.cdiv(k, block_k), splits) * block_k  # the k of one unit
-    if prefetch_tiles > 0:
-        _prefetch_first_tiles(
-            weight_ptr, stride_weight, n, k, program // splits * block_n + lanes,
-            program % splits * part_k, part_k, prefetch_tiles * block_k, gated,
-        )  # fmt: skip
     wait_for_inputs(pdl)
     inv = tl.zeros([block_m], dtype=tl.float32)  # read only when norm
     if norm:
@@ -529,6 +491,7 @@ def _swapped_linear_kernel(  # type: ignore[no-untyped-def,unused-ignore]
             x_ptr, pending_ptr, total_ptr, stride_x, stride_pending, k, eps, row, row_in,
             tl.arange(0, norm_k), program == 0, has_pending,
         )  # fmt: skip
+    part_k = tl.cdiv(tl.cdiv(k, block_k), splits) * block_k  # the k of one unit
     # one unit's sums in partial_ptr: [block_n, block_m], and the up half's after them
     part = lanes[:, None] * block_m + row[None, :]
     for unit in range(program, tl.cdiv(n, block_n) * splits, programs):
@@ -694,14 +657,7 @@ def _launch(
         stages = fitted_stages(
             tiles, block_m, gated, pending is not None, alpha is not None, x.element_size()
         )
-        # the bulk prefetch is sm_90 PTX (not in the interpreter) on 16-byte multiples
-        aligned = k % 8 == 0 and weight.stride(0) % 8 == 0 and weight.data_ptr() % 16 == 0
-        sent = stages if PREFETCH and x.is_cuda and aligned else 0
-        modes = {
-            "norm_k": min(NORM_K, triton.next_power_of_2(k)),
-            "splits": tiles.splits,
-            "prefetch_tiles": sent,
-        }
+        modes = {"norm_k": min(NORM_K, triton.next_power_of_2(k)), "splits": tiles.splits}
     else:
         kernel = _fused_linear_kernel
         workspace = []
