@@ -22,7 +22,10 @@ slots, on the few-rows path whatever the default threshold (`temporal_few_rows`)
 kernels/dependent_launch.py). `--tiles` times the depformer's few-rows path with each given
 fused_linear tile (`block_n:block_k:warps[:programs_per_sm]`, CUDA cores) as
 `depformer_tiles`. `--pdl-skip` names kernels that launch without PDL in every run
-(kernels/dependent_launch.SKIPPED).
+(kernels/dependent_launch.SKIPPED). `--skip-ab` times every stage twice with the skipped
+kernels skipped at every slot count (`<stage>_skipping`, dependent_launch.ALL_UP_TO 0) and
+twice with PDL everywhere (`<stage>_pdl_all`), alternating; the second round's keys end in
+`_again`.
 
 Reported per stage: median and p99 ms per replay (CUDA events, 50 replays after 5), and the
 number of kernels one eager run of the stage launches (torch profiler). The sum of the
@@ -75,6 +78,7 @@ def stages(
     per_op: bool,
     pdl: str,
     tiles_swept: list[Tiles],
+    skip_ab: bool,
 ) -> dict[str, Any]:
     config = moshiko()
     device = torch.device("cuda")
@@ -114,6 +118,15 @@ def stages(
             for name, stage in plan.items():
                 row[name + suffix] = timed(stage)
                 log.info("%d slots %s %s", slots, name + suffix, row[name + suffix])
+            if skip_ab:
+                served = dependent_launch.ALL_UP_TO
+                for round_, arm in enumerate(["_skipping", "_pdl_all"] * 2):
+                    dependent_launch.ALL_UP_TO = 0 if arm == "_skipping" else slots
+                    key = suffix + arm + ("_again" if round_ >= 2 else "")
+                    for name, stage in plan.items():
+                        row[name + key] = timed(stage)
+                        log.info("%d slots %s %s", slots, name + key, row[name + key])
+                dependent_launch.ALL_UP_TO = served
             if per_op and "depformer" in plan:
                 lm.depformer.few_rows = 0
                 row["depformer_per_op" + suffix] = timed(plan["depformer"])
@@ -151,6 +164,7 @@ def main() -> int:
     parser.add_argument("--pdl", choices=["on", "off", "both"], default="on")
     parser.add_argument("--pdl-skip", help="kernels launched without PDL (default: the module's)")
     parser.add_argument("--tiles", default="", help="block_n:block_k:warps[:programs_per_sm],...")
+    parser.add_argument("--skip-ab", action="store_true", help="the skipped set against none")
     args = parser.parse_args()
     tiles = [parse_tiles(spec) for spec in args.tiles.split(",") if spec]
     if args.pdl_skip is not None:
@@ -164,7 +178,7 @@ def main() -> int:
         "rows": [],
     }
     for slots in [int(s) for s in args.slots.split(",")]:
-        row = stages(slots, args.stages.split(","), args.per_op, args.pdl, tiles)
+        row = stages(slots, args.stages.split(","), args.per_op, args.pdl, tiles, args.skip_ab)
         result["rows"].append(row)
         torch.cuda.empty_cache()
         if args.json:

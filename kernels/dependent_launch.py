@@ -41,6 +41,12 @@ ENABLED = True
 # with it everywhere, 32.78 with these skipped; at 1 call 7.56, 6.98 and 7.06, the last two
 # apart by about the run-to-run spread.
 SKIPPED = frozenset({"rms_norm", "kv_append", "gated_silu", "ring_attention", "embed_sum"})
+# Up to this many rows (the launch's tensor's first dimension: slots) SKIPPED does not apply:
+# every kernel takes PDL. At one slot the temporal stage ran 4.22 ms (mean of 4) with PDL
+# everywhere against 4.39 with SKIPPED (separate processes, one H200, `python3
+# bench/engine_stages.py --slots 1 --stages temporal [--pdl-skip ""]`, bench/results/
+# engine_stages_swapped_prefetch{,_pdl_all}.json: runs of an L2 prefetch that gained nothing).
+ALL_UP_TO = 1
 
 
 @functools.cache
@@ -50,8 +56,11 @@ def _supported(device_index: int) -> bool:
 
 
 def dependent(x: Tensor, kernel: str) -> bool:
-    """Whether `kernel` (its module's name), working on x, launches with PDL."""
-    if not (ENABLED and x.is_cuda) or kernel in SKIPPED:
+    """Whether `kernel` (its module's name), working on x (its first dimension the slots),
+    launches with PDL."""
+    if not (ENABLED and x.is_cuda):
+        return False
+    if kernel in SKIPPED and (x.dim() == 0 or x.shape[0] > ALL_UP_TO):
         return False
     index = x.device.index if x.device.index is not None else torch.cuda.current_device()
     return _supported(index)

@@ -29,12 +29,16 @@ def test_cpu_tensors_never_launch_dependently() -> None:
 @gpu
 @needs_hopper
 def test_switch_and_skipped_kernels(monkeypatch: pytest.MonkeyPatch) -> None:
-    x = torch.zeros(1, device="cuda")
+    few, many = torch.zeros(1, 8, device="cuda"), torch.zeros(2, 8, device="cuda")
     monkeypatch.setattr(dependent_launch, "SKIPPED", frozenset({"rms_norm"}))
-    assert dependent_launch.dependent(x, "fused_linear")
-    assert not dependent_launch.dependent(x, "rms_norm")
+    monkeypatch.setattr(dependent_launch, "ALL_UP_TO", 1)
+    assert dependent_launch.dependent(many, "fused_linear")
+    assert not dependent_launch.dependent(many, "rms_norm")
+    assert dependent_launch.dependent(few, "rms_norm")  # up to ALL_UP_TO rows: every kernel
+    monkeypatch.setattr(dependent_launch, "ALL_UP_TO", 0)
+    assert not dependent_launch.dependent(few, "rms_norm")
     monkeypatch.setattr(dependent_launch, "ENABLED", False)
-    assert not dependent_launch.dependent(x, "fused_linear")
+    assert not dependent_launch.dependent(many, "fused_linear")
 
 
 def _chain(x: torch.Tensor, weights: list[torch.Tensor], alpha: torch.Tensor) -> torch.Tensor:
