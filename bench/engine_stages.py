@@ -22,10 +22,13 @@ slots, on the few-rows path whatever the default threshold (`temporal_few_rows`)
 kernels/dependent_launch.py). `--tiles` times the depformer's few-rows path with each given
 fused_linear tile (`block_n:block_k:warps[:programs_per_sm]`, CUDA cores) as
 `depformer_tiles`. `--pdl-skip` names kernels that launch without PDL in every run
-(kernels/dependent_launch.SKIPPED). `--skip-ab` times every stage twice with the skipped
-kernels skipped at every slot count (`<stage>_skipping`, dependent_launch.ALL_UP_TO 0) and
-twice with PDL everywhere (`<stage>_pdl_all`), alternating; the second round's keys end in
-`_again`.
+(kernels/dependent_launch.SKIPPED). `--ab` names A/B experiments, each timing every stage
+twice per arm, alternating (the second round's keys end in `_again`): `skip`, the skipped
+kernels skipped at every slot count (`<stage>_skipping`, dependent_launch.ALL_UP_TO 0)
+against PDL everywhere (`_pdl_all`); `blas`, torch's default BLAS library choice
+(`_blas_default`) against cuBLASLt preferred (`_cublaslt`); `window`, Mimi's convolution
+windows in one launch (`_window`, kernels/seanet_window.py) against torch's ops
+(`_no_window`). Each knob is set back as served after its experiment.
 
 Reported per stage: median and p99 ms per replay (CUDA events, 50 replays after 5), and the
 number of kernels one eager run of the stage launches (torch profiler). The sum of the
@@ -53,6 +56,7 @@ from engine.models.moshi.config import moshiko
 from engine.models.moshi.depformer import FEW_ROWS
 from engine.models.moshi.lm import MoshiLm
 from engine.models.moshi.mimi.codec import MimiCodec
+from engine.models.moshi.mimi.seanet import StreamingConv1d
 from engine.models.moshi.model import randomize
 from engine.models.moshi.sampling import Sampling, sample
 from engine.models.moshi.transformer import FEW_ROWS as TEMPORAL_FEW_ROWS
@@ -60,6 +64,8 @@ from kernels import dependent_launch
 from kernels.fused_linear import MAX_ROWS, Tiles
 
 log = logging.getLogger("engine_stages")
+SERVED_ALL_UP_TO = dependent_launch.ALL_UP_TO
+WINDOWED: set[StreamingConv1d] = set()  # the convolutions an experiment has set
 
 
 def timed(stage: Callable[[], object]) -> dict[str, Any]:
@@ -72,13 +78,53 @@ def parse_tiles(spec: str) -> Tiles:
     return Tiles(block_n, block_k, False, warps, programs_per_sm=per_sm[0] if per_sm else 0)
 
 
+Arms = list[tuple[str, Callable[[], None]]]
+
+
+def serve() -> None:
+    """Every experiment's knob as served."""
+    dependent_launch.ALL_UP_TO = SERVED_ALL_UP_TO
+    torch.backends.cuda.preferred_blas_library("default")
+    for module in WINDOWED:
+        module.window_kernel = None
+
+
+def experiments(slots: int, mimi: MimiCodec, names: list[str]) -> list[Arms]:
+    """The A/B experiments asked for (`--ab`), each as its two arms (key suffix, setter)."""
+
+    def all_up_to(rows: int) -> Callable[[], None]:
+        return lambda: setattr(dependent_launch, "ALL_UP_TO", rows)
+
+    def blas(library: str) -> Callable[[], None]:
+        def apply() -> None:
+            torch.backends.cuda.preferred_blas_library(library)
+
+        return apply
+
+    def window(on: bool) -> Callable[[], None]:
+        def apply() -> None:
+            for module in mimi.modules():
+                if isinstance(module, StreamingConv1d):
+                    module.window_kernel = on
+                    WINDOWED.add(module)
+
+        return apply
+
+    known: dict[str, Arms] = {
+        "skip": [("_skipping", all_up_to(0)), ("_pdl_all", all_up_to(slots))],
+        "blas": [("_blas_default", blas("default")), ("_cublaslt", blas("cublaslt"))],
+        "window": [("_window", window(True)), ("_no_window", window(False))],
+    }
+    return [known[name] for name in names]
+
+
 def stages(
     slots: int,
     names: list[str],
     per_op: bool,
     pdl: str,
     tiles_swept: list[Tiles],
-    skip_ab: bool,
+    ab: list[str],
 ) -> dict[str, Any]:
     config = moshiko()
     device = torch.device("cuda")
@@ -118,15 +164,14 @@ def stages(
             for name, stage in plan.items():
                 row[name + suffix] = timed(stage)
                 log.info("%d slots %s %s", slots, name + suffix, row[name + suffix])
-            if skip_ab:
-                served = dependent_launch.ALL_UP_TO
-                for round_, arm in enumerate(["_skipping", "_pdl_all"] * 2):
-                    dependent_launch.ALL_UP_TO = 0 if arm == "_skipping" else slots
+            for arms in experiments(slots, mimi, ab):
+                for round_, (arm, apply) in enumerate(arms * 2):
+                    apply()
                     key = suffix + arm + ("_again" if round_ >= 2 else "")
                     for name, stage in plan.items():
                         row[name + key] = timed(stage)
                         log.info("%d slots %s %s", slots, name + key, row[name + key])
-                dependent_launch.ALL_UP_TO = served
+                serve()
             if per_op and "depformer" in plan:
                 lm.depformer.few_rows = 0
                 row["depformer_per_op" + suffix] = timed(plan["depformer"])
@@ -164,7 +209,7 @@ def main() -> int:
     parser.add_argument("--pdl", choices=["on", "off", "both"], default="on")
     parser.add_argument("--pdl-skip", help="kernels launched without PDL (default: the module's)")
     parser.add_argument("--tiles", default="", help="block_n:block_k:warps[:programs_per_sm],...")
-    parser.add_argument("--skip-ab", action="store_true", help="the skipped set against none")
+    parser.add_argument("--ab", default="", help="A/B experiments: skip,blas,window")
     args = parser.parse_args()
     tiles = [parse_tiles(spec) for spec in args.tiles.split(",") if spec]
     if args.pdl_skip is not None:
@@ -178,7 +223,8 @@ def main() -> int:
         "rows": [],
     }
     for slots in [int(s) for s in args.slots.split(",")]:
-        row = stages(slots, args.stages.split(","), args.per_op, args.pdl, tiles, args.skip_ab)
+        ab = [name for name in args.ab.split(",") if name]
+        row = stages(slots, args.stages.split(","), args.per_op, args.pdl, tiles, ab)
         result["rows"].append(row)
         torch.cuda.empty_cache()
         if args.json:

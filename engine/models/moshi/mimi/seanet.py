@@ -138,6 +138,10 @@ class StreamingConv1d(Streaming):
         )
         self.replicate = replicate
         self.channels_last = channels_last
+        # the window (kept tail + frame, ELU in front, new tail) in one launch
+        # (kernels/seanet_window.py): channels-last frames at least the tail long; None: on
+        # CUDA only. Read at every call: set it before a graph is captured
+        self.window_kernel: bool | None = None
         history = (kernel - 1) * dilation + 1 - stride
         previous = torch.zeros(slots, in_channels, history, device=device)
         if channels_last:
@@ -165,15 +169,26 @@ class StreamingConv1d(Streaming):
         else:
             self.previous = pooled.view(slots, channels, history)
 
-    def forward(self, x: Tensor) -> Tensor:
-        """x: [slots, in_channels, T], T a multiple of the stride -> [slots, out, T / stride]."""
+    def forward(self, x: Tensor, activate: bool = False) -> Tensor:
+        """x: [slots, in_channels, T], T a multiple of the stride -> [slots, out, T / stride].
+        `activate`: the ELU in front of the convolution applied here (SEANet's ELU modules
+        before a convolution hand it their input, see SeanetStack), so that the window's
+        launch also runs the ELU."""
         history = self.previous.shape[2]
         if history == 0:
-            return self._convolve(x)
+            return self._convolve(functional.elu(x) if activate else x)
         if self.replicate:
             start = x[..., :1].expand_as(self.previous)
             self.previous.copy_(torch.where(self.first, start, self.previous))
             self.first.fill_(False)
+        kernel = x.is_cuda if self.window_kernel is None else self.window_kernel
+        if kernel and self.channels_last and history <= x.shape[2]:
+            # imported here: triton is absent from CPU-only installs, which never take this path
+            from kernels.seanet_window import conv_window
+
+            return self._convolve(conv_window(x, self.previous, activate))
+        if activate:
+            x = functional.elu(x)
         # 4-d so that the concatenation keeps a channels-last layout (3-d tensors have none)
         window = torch.cat([self.previous[:, :, None], x[:, :, None]], dim=-1)[:, :, 0]
         self.previous.copy_(window[..., -history:])
@@ -303,7 +318,8 @@ class ResnetBlock(nn.Module):
         )
 
     def forward(self, x: Tensor) -> Tensor:
-        update: Tensor = self.block(x)
+        # block[0], the first ELU, runs inside the first convolution's window
+        update: Tensor = self.block[3](self.block[2](self.block[1](x, activate=True)))
         return x + update
 
 
@@ -315,7 +331,22 @@ class SeanetStack(nn.Module):
         self.model = nn.Sequential(*layers)
 
     def forward(self, x: Tensor) -> Tensor:
-        return self.model(x)  # type: ignore[no-any-return]
+        """The layers in order; an ELU right before a convolution runs inside it."""
+        layers = list(self.model)
+        for index, layer in enumerate(layers):
+            if (
+                isinstance(layer, StreamingConv1d)
+                and index
+                and isinstance(layers[index - 1], nn.ELU)
+            ):
+                x = layer(x, activate=True)
+            elif not (
+                isinstance(layer, nn.ELU)
+                and index + 1 < len(layers)
+                and isinstance(layers[index + 1], StreamingConv1d)
+            ):
+                x = layer(x)
+        return x
 
 
 def seanet_encoder(
