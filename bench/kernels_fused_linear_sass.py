@@ -32,18 +32,19 @@ from kernels.fused_linear import Tiles
 SHARED_LIMIT = 232448  # bytes of shared memory one program may have on sm_90
 POINTERS = ["x_ptr", "pending_ptr", "alpha_ptr", "weight_ptr", "residual_ptr", "total_ptr"]
 INTEGERS = ["rows", "n", "k", "stride_x", "stride_pending", "stride_weight", "stride_residual"]
-# tests/kernels/test_fused_linear.py's MODES: (norm, pending, residual, gated)
+# tests/kernels/test_fused_linear.py's MODES: (norm, pending, residual, gated, gelu)
 MODES = {
-    "norm": (True, False, False, False),
-    "norm_pending": (True, True, False, False),
-    "residual": (False, False, True, False),
-    "norm_gated": (True, False, False, True),
+    "norm": (True, False, False, False, False),
+    "norm_pending": (True, True, False, False, False),
+    "residual": (False, False, True, False, False),
+    "norm_gated": (True, False, False, True, False),
+    "gelu": (False, False, False, False, True),  # Mimi's linear1 (fp32 there, bf16 here)
 }
 
 
-def build(tiles: Tiles, rows: int, mode: tuple[bool, bool, bool, bool]) -> tuple[bytes, int]:
+def build(tiles: Tiles, rows: int, mode: tuple[bool, bool, bool, bool, bool]) -> tuple[bytes, int]:
     """The cubin of one program, bf16, and the shared memory it asks for at launch."""
-    norm, pending, residual, gated = mode
+    norm, pending, residual, gated, gelu = mode
     block_m = triton.next_power_of_2(rows)
     if tiles.dot:
         block_m = max(16, block_m)
@@ -55,6 +56,7 @@ def build(tiles: Tiles, rows: int, mode: tuple[bool, bool, bool, bool]) -> tuple
         "has_pending": pending,
         "has_residual": residual,
         "gated": gated,
+        "gelu": gelu,
         "widen": False,
         "pdl": True,
     }

@@ -125,8 +125,10 @@ def _attended_linear_kernel(  # type: ignore[no-untyped-def,unused-ignore]
     dtype = out_ptr.dtype.element_ty
     attended = (mixed / tl.reshape(per_column, [block_m, dim])).to(dtype).to(tl.float32)
     acc = tl.sum(attended[:, None, :] * w.to(tl.float32)[None, :, :], axis=2)
-    # the residual epilogue; the second sums are the gate's up half, unused without it
-    store_block(acc, acc, residual_ptr, out_ptr, stride_residual, n, row, row_in, col, True, False)
+    # the residual epilogue (no gate, no GELU); the second sums are the gate's up half, unused
+    store_block(
+        acc, acc, residual_ptr, out_ptr, stride_residual, n, row, row_in, col, True, False, False
+    )
 
 
 def attended_linear_reference(

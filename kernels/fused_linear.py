@@ -1,5 +1,5 @@
-"""A linear layer for a few rows, with the RMSNorm in front of it or the residual add or the
-SiLU gate behind it in the same launch.
+"""A linear layer for a few rows, with the RMSNorm in front of it or the residual add, the
+SiLU gate or a GELU behind it in the same launch.
 
 At one call the depformer's tick is launch-bound: its GEMMs have 1 to 16 rows (one per slot),
 and a layer step was 8 launches (norm, qkv, attention, out, add + norm, linear_in, gate,
@@ -16,12 +16,16 @@ attention inside the out projection (kernels/attended_linear.py). For rows <= MA
     total  = x + pending                          rounded to x's dtype (add_fused_linear)
     normed = total * (alpha * rsqrt(eps + mean(total^2)))   fp32, rounded to x's dtype
     y      = normed @ weight^T                    fp32 accumulation, rounded to x's dtype
-    out    = y | residual + y | silu(y_gate) * y_up     rounded as torch's bf16 ops round
-             (one epilogue or none: the gate and the residual together are refused, below)
+    out    = y | residual + y | silu(y_gate) * y_up | gelu(y)   rounded as torch's ops round
+             (one epilogue or none: the gate and the residual together are refused, below;
+             the GELU takes neither)
+    gelu(y) = y / 2 * (1 + erf(y / sqrt(2)))     torch's exact default, fp32 on the rounded y
 
-Every rounding point is torch's (kernels/rms_norm.py, kernels/gated_silu.py and a bf16
-`residual + linear(...)`), so bf16 outputs differ from the torch ops only where the fp32
-sums, reduced in another order than cuBLAS's, round to the neighbouring value.
+Every rounding point is torch's (kernels/rms_norm.py, kernels/gated_silu.py, a bf16
+`residual + linear(...)` and `gelu(linear(...))`), so bf16 outputs differ from the torch ops
+only where the fp32 sums, reduced in another order than cuBLAS's, round to the neighbouring
+value. The GELU epilogue is Mimi's linear1 + GELU at a few rows (engine/models/moshi/mimi/
+transformer.py), one launch instead of two.
 
 A program computes BLOCK_N output columns at a time (gated: BLOCK_N gate and the matching
 up columns) for every row: the weight is read once, the rows (a few KB) by every program from
@@ -186,6 +190,7 @@ def fused_linear_reference(
     pending: Tensor | None = None,
     residual: Tensor | None = None,
     gated: bool = False,
+    gelu: bool = False,
 ) -> tuple[Tensor, Tensor]:
     """(x + pending or x, out) in torch ops, rounded where the module docstring says."""
     total = x if pending is None else x + pending
@@ -200,6 +205,8 @@ def fused_linear_reference(
     if gated:
         gate, up = y.view(*y.shape[:-1], 2, -1).unbind(-2)
         y = functional.silu(gate) * up
+    if gelu:
+        y = functional.gelu(y)
     if residual is not None:
         y = residual + y
     return total, y
@@ -340,6 +347,7 @@ def _fused_linear_kernel(  # type: ignore[no-untyped-def,unused-ignore]
     has_pending: tl.constexpr,
     has_residual: tl.constexpr,
     gated: tl.constexpr,
+    gelu: tl.constexpr,
     dot: tl.constexpr,
     widen: tl.constexpr,
     pdl: tl.constexpr,
@@ -400,6 +408,7 @@ def _fused_linear_kernel(  # type: ignore[no-untyped-def,unused-ignore]
                 col,
                 has_residual,
                 gated,
+                gelu,
             )
             acc = tl.zeros([block_m, block_n], dtype=tl.float32)
             acc_up = tl.zeros([block_m, block_n], dtype=tl.float32)
@@ -418,15 +427,20 @@ def store_block(  # type: ignore[no-untyped-def,unused-ignore]
     col,
     has_residual: tl.constexpr,
     gated: tl.constexpr,
+    gelu: tl.constexpr,
 ):
-    """The epilogue of one column block: rounding, the gate or the residual, the store (also
-    kernels/attended_linear.py's, with the residual)."""
+    """The epilogue of one column block: rounding, the gate, the GELU or the residual, the
+    store (also kernels/attended_linear.py's, with the residual)."""
     dtype = out_ptr.dtype.element_ty
     out = acc.to(dtype)
     if gated:
         gate = out.to(tl.float32)
         silu = (gate / (1.0 + tl.exp(-gate))).to(dtype)
         out = (silu.to(tl.float32) * acc_up.to(dtype).to(tl.float32)).to(dtype)
+    if gelu:
+        # torch's exact GELU (approximate="none"), in fp32 on the rounded product
+        y = out.to(tl.float32)
+        out = (y * 0.5 * (1.0 + tl.math.erf(y * 0.7071067811865476))).to(dtype)
     written = row_in[:, None] & (col < n)[None, :]
     if has_residual:
         residual = tl.load(
@@ -464,6 +478,7 @@ def _swapped_linear_kernel(  # type: ignore[no-untyped-def,unused-ignore]
     has_pending: tl.constexpr,
     has_residual: tl.constexpr,
     gated: tl.constexpr,
+    gelu: tl.constexpr,
     widen: tl.constexpr,
     pdl: tl.constexpr,
 ):
@@ -535,7 +550,7 @@ def _swapped_linear_kernel(  # type: ignore[no-untyped-def,unused-ignore]
         if last:
             store_block(
                 tl.trans(acc), tl.trans(acc_up), residual_ptr, out_ptr, stride_residual, n, row,
-                row_in, col, has_residual, gated,
+                row_in, col, has_residual, gated, gelu,
             )  # fmt: skip
 
 
@@ -597,6 +612,7 @@ def _launch(
     pending: Tensor | None,
     residual: Tensor | None,
     gated: bool,
+    gelu: bool,
     tiles: Tiles | None,
 ) -> tuple[Tensor, Tensor]:
     k = x.shape[-1]
@@ -612,6 +628,9 @@ def _launch(
     # the pair failed the compiled bf16 test on the CUDA cores (passed interpreted and on the
     # tensor cores), cause not found; no layer needs it
     assert not (gated and residual is not None), "the gate and the residual are not combined"
+    # no layer needs either pair; refused rather than left untested
+    assert not (gelu and gated), "the GELU and the gate are not combined"
+    assert not (gelu and residual is not None), "the GELU and the residual are not combined"
     assert weight.dtype == x.dtype, (weight.dtype, x.dtype)
     assert weight.device == x.device, "tensors on one device"
     out = torch.empty(*x.shape[:-1], n, device=x.device, dtype=x.dtype)
@@ -686,6 +705,7 @@ def _launch(
         has_pending=pending is not None,
         has_residual=residual is not None,
         gated=gated,
+        gelu=gelu,
         **modes,
         # torch's fp32 linear is full fp32 (no TF32), and Triton's interpreter (3.9) gets
         # 16-bit tl.dot wrong: there 16-bit operands go in as fp32 (exact products, same sums)
@@ -706,11 +726,12 @@ def fused_linear(
     eps: float = 0.0,
     residual: Tensor | None = None,
     gated: bool = False,
+    gelu: bool = False,
     tiles: Tiles | None = None,
 ) -> Tensor:
     """x: [..., k] -> [..., n]: linear(rms_norm(x) if alpha is given), then silu(gate) * up
-    if `gated`, plus `residual` if given (module docstring), one launch."""
-    return _launch(x, weight, alpha, eps, None, residual, gated, tiles)[1]
+    if `gated`, gelu if `gelu`, plus `residual` if given (module docstring), one launch."""
+    return _launch(x, weight, alpha, eps, None, residual, gated, gelu, tiles)[1]
 
 
 def add_fused_linear(
@@ -724,4 +745,4 @@ def add_fused_linear(
     tiles: Tiles | None = None,
 ) -> tuple[Tensor, Tensor]:
     """x, pending: [..., k] -> (x + pending, linear(rms_norm(x + pending))), one launch."""
-    return _launch(x, weight, alpha, eps, pending, None, gated, tiles)
+    return _launch(x, weight, alpha, eps, pending, None, gated, False, tiles)

@@ -11,6 +11,7 @@ import pytest
 pytest.importorskip("torch")
 
 import torch
+from torch.nn import functional
 
 pytest.importorskip("triton", reason="triton is not installed (CPU torch does not bring it)")
 
@@ -44,14 +45,18 @@ FEW_PROGRAM_TILES = [
     # 9 units on 2 programs: a program adds two parts of one block, the other arrives last
     Tiles(block_n=16, block_k=32, dot=True, programs_per_sm=2, swap=True, splits=3),
 ]
-# the modes of the module docstring: (norm, pending, residual, gated)
+# Mimi's linear1 + GELU (engine/models/moshi/mimi/transformer.py's _linear): four columns a
+# program on the CUDA cores, the whole row of k in one step (here 72 of 128, masked)
+MIMI_TILES = Tiles(block_n=4, block_k=128, dot=False)
+# the modes of the module docstring: (norm, pending, residual, gated, gelu)
 MODES = {
-    "plain": (False, False, False, False),
-    "norm": (True, False, False, False),
-    "norm_pending": (True, True, False, False),
-    "residual": (False, False, True, False),
-    "norm_gated": (True, False, False, True),
-    "norm_pending_gated": (True, True, False, True),
+    "plain": (False, False, False, False, False),
+    "norm": (True, False, False, False, False),
+    "norm_pending": (True, True, False, False, False),
+    "residual": (False, False, True, False, False),
+    "norm_gated": (True, False, False, True, False),
+    "norm_pending_gated": (True, True, False, True, False),
+    "gelu": (False, False, False, False, True),
 }
 
 interpreter = pytest.mark.interpreter
@@ -92,17 +97,18 @@ def _check(
     tiles: Tiles | None,
     x_scale: float = 2.0,
 ) -> None:
-    norm, has_pending, has_residual, gated = MODES[mode]
+    norm, has_pending, has_residual, gated, gelu = MODES[mode]
     x = _randn(rows, 1, k, dtype=dtype, seed=1, scale=x_scale)
     weight = _randn(2 * n if gated else n, k, dtype=dtype, seed=2, scale=k**-0.5)
     alpha = _randn(1, 1, k, dtype=dtype, seed=3) if norm else None
     pending = _randn(rows, 1, k, dtype=dtype, seed=4) if has_pending else None
     residual = _randn(rows, 1, n, dtype=dtype, seed=5) if has_residual else None
     want_total, want = fused_linear_reference(
-        x, weight, alpha=alpha, eps=EPS, pending=pending, residual=residual, gated=gated
+        x, weight, alpha=alpha, eps=EPS, pending=pending, residual=residual, gated=gated, gelu=gelu
     )
     if pending is not None:
         assert alpha is not None
+        assert not gelu, "add_fused_linear has no GELU"
         total, got = add_fused_linear(
             x, pending, weight, alpha=alpha, eps=EPS, gated=gated, tiles=tiles
         )
@@ -114,7 +120,7 @@ def _check(
             assert torch.equal(total, want_total)
     else:
         got = fused_linear(
-            x, weight, alpha=alpha, eps=EPS, residual=residual, gated=gated, tiles=tiles
+            x, weight, alpha=alpha, eps=EPS, residual=residual, gated=gated, gelu=gelu, tiles=tiles
         )
     _assert_near(got, want)
 
@@ -132,7 +138,7 @@ def test_interpreted_modes_match_reference(mode: str, dtype: torch.dtype, tiles:
 @interpreter
 @needs_cpu
 @pytest.mark.parametrize("tiles", FEW_PROGRAM_TILES, ids=TILE_IDS)
-@pytest.mark.parametrize("mode", ["norm_pending", "residual", "norm_gated"])
+@pytest.mark.parametrize("mode", ["norm_pending", "residual", "norm_gated", "gelu"])
 def test_interpreted_programs_over_several_blocks(mode: str, tiles: Tiles) -> None:
     _check(mode, 3, 40, 72, torch.float32, tiles)
 
@@ -145,6 +151,32 @@ def test_interpreted_row_counts(rows: int) -> None:
     _check("residual", rows, 24, 48, torch.float32, SMALL_TILES[1])
     _check("norm_gated", rows, 24, 48, torch.float32, SMALL_TILES[2])
     _check("norm_gated", rows, 24, 48, torch.float32, SMALL_TILES[3])
+
+
+@interpreter
+@needs_cpu
+@pytest.mark.parametrize("tiles", [MIMI_TILES, *SMALL_TILES], ids=["mimi", *TILE_IDS])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("rows", [1, 2, 3, 4])
+def test_interpreted_gelu_row_counts(rows: int, dtype: torch.dtype, tiles: Tiles) -> None:
+    _check("gelu", rows, 40, 72, dtype, tiles)
+
+
+@interpreter
+@needs_cpu
+@pytest.mark.parametrize("rows", [1, 4])
+def test_interpreted_gelu_is_torch_gelu_of_the_linear(rows: int) -> None:
+    """fp32, as Mimi runs: the eager layer's own ops (torch's CPU linear is full fp32), not
+    the reference, against the erf GELU; tanh's approximation is ~1e-3 away at |y| ~ 2."""
+    x = _randn(rows, 72, dtype=torch.float32, seed=15, scale=2.0)
+    weight = _randn(40, 72, dtype=torch.float32, seed=16, scale=72**-0.5)
+    got = fused_linear(x, weight, gelu=True, tiles=MIMI_TILES)
+    product = functional.linear(x, weight)
+    assert float(product.abs().max()) > 3.0, "the GELU's curved part is exercised"
+    assert float(product.min()) < -1.0, "and its negative side"
+    torch.testing.assert_close(got, functional.gelu(product), rtol=2e-5, atol=2e-5)
+    approximate = functional.gelu(product, approximate="tanh")
+    assert float((got - approximate).abs().max()) > 1e-4, "erf's GELU, not tanh's"
 
 
 def _split_launches_agree(tiles: Tiles, n: int, k: int, dtype: torch.dtype) -> None:
@@ -190,6 +222,26 @@ def test_reads_a_column_slice_and_refuses_bad_layouts() -> None:
         fused_linear(x, weight, residual=_randn(2, 1, 8, dtype=torch.float32, seed=11), gated=True)
 
 
+@interpreter
+@needs_cpu
+def test_gelu_refuses_the_gate_and_the_residual() -> None:
+    x = _randn(2, 1, 32, dtype=torch.float32, seed=17)
+    weight = _randn(16, 32, dtype=torch.float32, seed=18)
+    residual = _randn(2, 1, 16, dtype=torch.float32, seed=19)
+    with pytest.raises(AssertionError, match="the GELU and the gate are not combined"):
+        fused_linear(x, weight, gelu=True, gated=True)
+    with pytest.raises(AssertionError, match="the GELU and the residual are not combined"):
+        fused_linear(x, weight, gelu=True, residual=residual)
+    # each alone is taken (the refusals above are of the pairs, not of the arguments)
+    _assert_near(
+        fused_linear(x, weight, gelu=True), fused_linear_reference(x, weight, gelu=True)[1]
+    )
+    _assert_near(
+        fused_linear(x, weight, residual=residual),
+        fused_linear_reference(x, weight, residual=residual)[1],
+    )
+
+
 @gpu
 @needs_cuda
 @pytest.mark.parametrize("rows", [1, 8, MAX_ROWS])
@@ -209,6 +261,14 @@ def test_reads_a_column_slice_and_refuses_bad_layouts() -> None:
 )
 def test_seven_b_shapes_bf16(mode: str, n: int, k: int, rows: int) -> None:
     _check(mode, rows, n, k, torch.bfloat16, None)
+
+
+@gpu
+@needs_cuda
+@pytest.mark.parametrize("rows", [1, 2, 3, 4])
+def test_mimi_linear1_gelu_fp32(rows: int) -> None:
+    # Moshi's Mimi: dim 512 -> ffn 2048, on the tiles its transformer passes
+    _check("gelu", rows, 2048, 512, torch.float32, Tiles(4, 512, False))
 
 
 @gpu

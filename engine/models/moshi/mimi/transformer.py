@@ -13,9 +13,11 @@ attention.py's RingAttention, whose codes match Kyutai's bit for bit on CPU. The
 step for all layers and runs, per layer, 7 kernels: in_proj, kernels/mimi_transformer.py's
 ring_attention_step (RoPE + ring write + attention; one launch in its default shape, two
 when the ring is split), out_proj, residual_layer_norm (layer scale + residual + norm2),
-linear1, GELU, linear2, then residual_layer_norm again with the next layer's norm1. Eager it
-is ~55 kernels per layer on CUDA, mostly 2.5 us launches on a few KiB (bench/mimi_gpu.py
-measures both).
+linear1, GELU, linear2, then residual_layer_norm again with the next layer's norm1; 6 at up
+to FEW_ROWS rows, where linear1 and the GELU are one launch (fused_linear's GELU epilogue:
+16 launches fewer a tick at one call, 8 layers in each direction; not yet timed on a GPU).
+Eager it is ~55 kernels per layer on CUDA, mostly 2.5 us launches on a few KiB
+(bench/mimi_gpu.py measures both).
 """
 
 import torch
@@ -84,20 +86,22 @@ class MimiLayer(nn.Module):
             self.norm2.bias,
             LAYER_NORM_EPS,
         )
-        hidden = functional.gelu(_linear(normed, self.linear1.weight, few_rows))
+        hidden = _linear(normed, self.linear1.weight, few_rows, gelu=True)
         return x, _linear(hidden, self.linear2.weight, few_rows)
 
 
-def _linear(rows: Tensor, weight: Tensor, few_rows: int) -> Tensor:
-    """rows [..., k] @ weight [n, k]^T: the few-rows kernel at up to `few_rows` rows
-    (FEW_ROWS), four output columns a program and a whole row of k (512 or 2048) in one or two
-    steps; cuBLAS above."""
+def _linear(rows: Tensor, weight: Tensor, few_rows: int, gelu: bool = False) -> Tensor:
+    """rows [..., k] @ weight [n, k]^T, then torch's exact GELU if `gelu`: the few-rows
+    kernel at up to `few_rows` rows (FEW_ROWS), four output columns a program and a whole row
+    of k (512 or 2048) in one or two steps, the GELU its epilogue (one launch); cuBLAS and
+    torch's GELU above."""
     k = rows.shape[-1]
     if rows.numel() // k > few_rows:
-        return functional.linear(rows, weight)
+        product = functional.linear(rows, weight)
+        return functional.gelu(product) if gelu else product
     from kernels.fused_linear import Tiles, fused_linear
 
-    return fused_linear(rows, weight, tiles=Tiles(4, min(k, 1024), dot=False))
+    return fused_linear(rows, weight, gelu=gelu, tiles=Tiles(4, min(k, 1024), dot=False))
 
 
 class LayerScale(nn.Module):
