@@ -1,11 +1,13 @@
 """The ring attention pass-1 programs' main loop in sm_90 machine code, built without a GPU.
 
     PYTHONPATH=<the GPU's triton> python bench/kernels_ring_sass.py [--fp8] [--block 128]
-        [--warps 4] [--stages 2] [--head-dim 128]
+        [--warps 4] [--stages 2] [--head-dim 128] [--splits 16]
 
 Compiles kernels/ring_attention.py's pass 1 for an H100/H200 (Triton's own ptxas and
 cuobjdump, as a 7B launch specializes it: 16-byte aligned pointers and strides) and prints
-its registers, spills, shared memory and the instructions of its largest loop by opcode. An
+its registers, spills, shared memory and the instructions of its largest loop by opcode, for
+one split (pass 1 writes the output) or `--splits` (the row's last split merges the partials;
+the 7B launch at 1 slot: 16 bf16, 12 fp8). An
 issue-bound loop shows here before it is timed: the fp8 pass 1 that repeated q over 16 rows
 issued 800 instructions per 64-entry tile (Triton 3.6), _ring_split_fp8_kernel 528 per 128
 entries at its default program. Counts differ between Triton versions (3.9 laid out a 3-d
@@ -30,7 +32,8 @@ from triton.compiler import ASTSource
 import kernels.ring_attention as ring
 
 HOPPER = GPUTarget("cuda", 90, 32)
-POINTERS = ["q_ptr", "k_ptr", "v_ptr", "last_ptr", "max_ptr", "sum_ptr", "acc_ptr"]
+POINTERS = ["q_ptr", "k_ptr", "v_ptr", "last_ptr", "out_ptr", "max_ptr", "sum_ptr", "acc_ptr"]
+POINTERS += ["arrived_ptr"]
 INTEGERS = ["stride_q_slot", "stride_q_head", "heads", "capacity", "context", "split_frames"]
 INTEGERS += ["splits"]
 INSTRUCTION = re.compile(r"/\*([0-9a-f]{4,})\*/\s+(.*?)\s*;")
@@ -43,19 +46,22 @@ def signature(fp8: bool) -> dict[str, str]:
     types = {"q_ptr": "*bf16", "k_ptr": ring_type, "v_ptr": ring_type}
     if fp8:
         types |= {"k_scale_ptr": "*bf16", "v_scale_ptr": "*bf16"}
-    types |= {"last_ptr": "*i64", "max_ptr": "*fp32", "sum_ptr": "*fp32", "acc_ptr": "*fp32"}
+    types |= {"last_ptr": "*i64", "out_ptr": "*bf16"}
+    types |= {"max_ptr": "*fp32", "sum_ptr": "*fp32", "acc_ptr": "*fp32", "arrived_ptr": "*i32"}
     types |= dict.fromkeys(INTEGERS, "i32")
     types["qk_scale_log2"] = "fp32"
     return types
 
 
-def build(fp8: bool, block_n: int, warps: int, stages: int, head_dim: int) -> bytes:
+def build(fp8: bool, block_n: int, warps: int, stages: int, head_dim: int, splits: int) -> bytes:
     """The cubin of one pass-1 program."""
     constants: dict[str, object] = {"head_dim": head_dim, "block_n": block_n}
-    constants["empty"] = ring.EMPTY_MAX
     if fp8:
         constants["groups"] = min(block_n, warps * 32 * 16 // head_dim)
-    else:
+    constants["splits_pow2"] = triton.next_power_of_2(splits)
+    constants["direct"] = splits == 1
+    constants["empty"] = ring.EMPTY_MAX
+    if not fp8:
         constants["precision"] = None
     types = signature(fp8) | dict.fromkeys(constants, "constexpr")
     names = list(types)
@@ -102,19 +108,21 @@ def main() -> int:
     parser.add_argument("--warps", type=int, default=None)
     parser.add_argument("--stages", type=int, default=None)
     parser.add_argument("--head-dim", type=int, default=128)
+    parser.add_argument("--splits", type=int, default=1, help="splits per (slot, head) row")
     args = parser.parse_args()
     block = args.block or (ring.FP8_BLOCK_N if args.fp8 else ring.BLOCK_N)
     warps = args.warps or (ring.FP8_NUM_WARPS if args.fp8 else ring.NUM_WARPS)
     stages = args.stages or (ring.FP8_NUM_STAGES if args.fp8 else ring.NUM_STAGES)
     cubin = Path("/tmp/ring_pass1.cubin")
-    cubin.write_bytes(build(args.fp8, block, warps, stages, args.head_dim))
+    cubin.write_bytes(build(args.fp8, block, warps, stages, args.head_dim, args.splits))
     usage, sass = disassemble(cubin)
     loop = largest_loop(sass)
     opcodes = collections.Counter(
         re.sub(r"^@!?U?P\w+\s+", "", text).split()[0].split(".")[0] for text in loop
     )
     name = "fp8" if args.fp8 else "bf16"
-    print(f"triton {triton.__version__}, {name} pass 1: {block} x {warps} warps x {stages} stages")
+    shape = f"{block} x {warps} warps x {stages} stages, {args.splits} splits"
+    print(f"triton {triton.__version__}, {name} pass 1: {shape}")
     print(" ".join(line.strip() for line in usage.splitlines() if "REG" in line))
     print(f"{len(loop)} instructions in the loop, per tile of {block} entries:")
     print(", ".join(f"{op} {count}" for op, count in opcodes.most_common()))

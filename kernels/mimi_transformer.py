@@ -15,11 +15,13 @@ over everything between the matrix products:
   registers (causally), while each split attends the older entries of its own run of
   `tiles_per_split` tiles of `block_n` entries, never this step's, so no program reads an entry
   another one writes. Each keeps an online softmax (base-2, log2(e) folded into the scale)
-  and stores its partial (max, sum, acc) per query; a second launch, one program per
-  (slot, head), rescales the partials to their common max and normalises (no atomics: the
-  result does not depend on the order programs finish in). With one split the first launch
-  normalises and writes the output itself. In a call younger than the ring the visible
-  entries form one unwrapped run of indices and tiles outside it are skipped.
+  and stores its partial (max, sum, acc) per query; the last program of a (slot, head) to
+  arrive (kernels/arrivals.py) rescales the row's partials to their common max, normalises
+  and writes the output (whichever program it is, it merges the same partials the same
+  way). With one split the program normalises and writes the output itself: one launch
+  either way (the merge was a second launch until the last-to-arrive form, not yet timed on
+  the GPU). In a call younger than the ring the visible entries form one unwrapped run of
+  indices and tiles outside it are skipped.
 
       qkv:          fp32 [slots, T, 3 * heads * head_dim]   the in_proj output, [q | k | v]
       cos, sin:     fp32 [slots, T, head_dim / 2]
@@ -32,7 +34,8 @@ over everything between the matrix products:
 
 Measured on one H200 (bench/mimi_gpu.py, bench/results/mimi_gpu.json; with the rest of the
 fused codec): the encode stage fell from 714 to 197 kernels and the decode from 606 to 179
-at 1 slot (180 with the current form of the attention kernel, mimi_gpu.json as committed).
+at 1 slot (180 with the split form of the attention kernel and its merge launch,
+mimi_gpu.json as committed; the merge is in the split launch since, not re-counted).
 At 300 slots the first form of the attention kernel, one program per (slot, head) walking
 its 4 tiles of 64 in series and reading this step's keys back after a barrier, was the slow
 part: 3.27 ms for 8 layers = 408 us per layer for 307 MB of K+V (0.75 TB/s).
@@ -45,7 +48,8 @@ slots. ptxas (sm_90, triton 3.9 here) gives the 64 x 4-warp program 198 register
 spills (2 programs per SM), 32 x 4 warps 150, 32 x 8 warps 103; 64 x 2 and 128 x 4 spill.
 
 Measured (python3 bench/mimi_gpu.py --slots 1,128,300, H200, triton 3.6, full rings; us per
-layer, the kernel alone in a CUDA graph), block x tiles per split x warps:
+layer, the kernel alone in a CUDA graph, the split shapes with their merge launch then), block
+x tiles per split x warps:
 
     slots   16x1x4   32x1x4   32x1x8   64x1x4   64x1x8   32x2x4   64x4x4 (unsplit)
     1         5.1      5.9      6.1      7.9      7.5      8.3     17.3
@@ -54,7 +58,7 @@ layer, the kernel alone in a CUDA graph), block x tiles per split x warps:
 
 The prediction was wrong: splitting lost at 128 and 300 slots (1024 and 2400 unsplit
 programs already fill the chip, 2 per SM at 198 registers) since every split loads and
-rotates q and k again, stores partials and needs the combine launch; fewer tiles per program
+rotates q and k again, stores partials and needed the merge launch; fewer tiles per program
 was slower each time. The unsplit program of this form still halves the first one (408 ->
 211 us at 300 slots; in the codec 3.27 -> 1.71 ms for 8 layers): K and V come as contiguous
 rows (RoPE interleaved in registers, not two strided half-loads), both tiles are loaded
@@ -63,8 +67,15 @@ the default from one program per multiprocessor on; below that (1 slot: 8 progra
 win instead (17.3 -> 5.1 us per layer) and are taken (step_shape, its table). Still 3x short of the
 4.8 TB/s read: the tile products live as [T, 64, 64] registers, so only 2 programs fit an SM.
 
+The merge in the split launch costs registers (Triton 3.6's sm_90 build, made as
+bench/kernels_ring_sass.py makes the ring's; no spills; 8 heads x 64, 250-frame rings):
+16x1x4 110 -> 115, 32x2x4 159 -> 168 (still 3 programs per SM), 32x1x4 159 -> 202 (taken at
+most at 16 rows, 128 programs: fewer than the multiprocessors, so occupancy does not bind).
+
 Each launcher asserts shapes, dtypes and strides, allocates only buffers whose size the
-shapes fix, and never reads device values on the host, so it can be captured in a CUDA graph.
+shapes fix (the merge's arrival counts once per device, outside any capture: run each shape
+once before capturing), and never reads device values on the host, so it can be captured in a
+CUDA graph.
 Sums run in a different order than torch's kernels: results agree to fp32 rounding, not bit for bit
 (tests/kernels/test_mimi_transformer.py bounds it; tests/kernels/test_mimi_codec.py compares
 the codes of the whole codec).
@@ -78,6 +89,7 @@ import triton.language as tl  # type: ignore[import-not-found,import-untyped,unu
 from torch import Tensor
 from torch.nn import functional
 
+from kernels.arrivals import arrival_counts, arrive
 from kernels.dependent_launch import dependent, wait_for_inputs
 from kernels.device import multiprocessors
 
@@ -156,6 +168,7 @@ def _rotate(x, cos, sin):  # type: ignore[no-untyped-def,unused-ignore]
 
 
 # the ints stay unspecialised: a swept split size or split count compiles no new program
+# (unless the merge's width, splits_pow2, changes)
 @triton.jit(do_not_specialize=["capacity", "context", "split_frames", "splits"])  # type: ignore[untyped-decorator,unused-ignore]
 def _ring_attention_step_kernel(  # type: ignore[no-untyped-def,unused-ignore]
     qkv_ptr,
@@ -168,6 +181,7 @@ def _ring_attention_step_kernel(  # type: ignore[no-untyped-def,unused-ignore]
     max_ptr,
     sum_ptr,
     acc_ptr,
+    arrived_ptr,
     capacity,
     context,
     split_frames,
@@ -177,6 +191,7 @@ def _ring_attention_step_kernel(  # type: ignore[no-untyped-def,unused-ignore]
     head_dim: tl.constexpr,
     steps: tl.constexpr,
     block_n: tl.constexpr,
+    splits_pow2: tl.constexpr,
     empty: tl.constexpr,
     direct: tl.constexpr,
     pdl: tl.constexpr,
@@ -257,43 +272,51 @@ def _ring_attention_step_kernel(  # type: ignore[no-untyped-def,unused-ignore]
         tl.store(max_ptr + partial, run_max)
         tl.store(sum_ptr + partial, run_sum)
         tl.store(acc_ptr + partial[:, None] * head_dim + dims[None, :], acc)
+        if arrive(arrived_ptr, row, splits):
+            _merge_splits(
+                max_ptr, sum_ptr, acc_ptr, out_ptr, row, splits, heads, head_dim, steps,
+                splits_pow2, empty,
+            )  # fmt: skip
 
 
 @triton.jit  # type: ignore[untyped-decorator,unused-ignore]
-def _ring_combine_kernel(  # type: ignore[no-untyped-def,unused-ignore]
+def _merge_splits(  # type: ignore[no-untyped-def,unused-ignore]
     max_ptr,
     sum_ptr,
     acc_ptr,
     out_ptr,
+    row,
     splits,
     heads: tl.constexpr,
     head_dim: tl.constexpr,
     steps: tl.constexpr,
     splits_pow2: tl.constexpr,
     empty: tl.constexpr,
-    pdl: tl.constexpr,
 ):
-    wait_for_inputs(pdl)
-    row = tl.program_id(0)  # slot * heads + head
+    """The (slot, head) row's T outputs from its splits' partials, by the last of its programs
+    to arrive (kernels/arrivals.py): rescaled to their common max and normalised."""
     slot = row // heads
     head = row % heads
     dim: tl.constexpr = heads * head_dim
     parts = tl.arange(0, splits_pow2)
     tokens = tl.arange(0, steps)
     dims = tl.arange(0, head_dim)
-    present = (parts < splits)[:, None]
-    partial = (row * splits + parts).to(tl.int64)[:, None] * steps + tokens[None, :]  # [S, T]
-    part_max = tl.load(max_ptr + partial, mask=present, other=empty)
-    part_sum = tl.load(sum_ptr + partial, mask=present, other=0.0)
+    present = (parts < splits)[:, None, None]
+    partial = (row * splits + parts).to(tl.int64)[:, None] * steps + tokens[None, :]
+    partial = partial[:, :, None]  # [S, T, 1]: every operand in the layout of the [S, T, D] one
+    # .cg: the other programs' partials come from L2 (the L1 is not coherent)
+    part_max = tl.load(max_ptr + partial, mask=present, other=empty, cache_modifier=".cg")
+    part_sum = tl.load(sum_ptr + partial, mask=present, other=0.0, cache_modifier=".cg")
     part_acc = tl.load(
-        acc_ptr + partial[:, :, None] * head_dim + dims[None, None, :],
-        mask=present[:, :, None],
+        acc_ptr + partial * head_dim + dims[None, None, :],
+        mask=present,
         other=0.0,
+        cache_modifier=".cg",
     )
     # a split with no visible entry carries empty and a zero sum: its weight underflows to 0
-    scale = tl.exp2(part_max - tl.max(part_max, axis=0)[None, :])  # [S, T]
-    total = tl.sum(part_sum * scale, axis=0)  # [T], > 0: split 0 holds each query's own key
-    out = tl.sum(part_acc * scale[:, :, None], axis=0) / total[:, None]  # [T, head_dim]
+    scale = tl.exp2(part_max - tl.max(part_max, axis=0)[None, :, :])  # [S, T, 1]
+    total = tl.sum(part_sum * scale, axis=0)  # [T, 1], > 0: split 0 holds each query's own key
+    out = tl.sum(part_acc * scale, axis=0) / total  # [T, head_dim]
     token = (slot * steps + tokens).to(tl.int64)
     tl.store(out_ptr + token[:, None] * dim + head * head_dim + dims[None, :], out)
 
@@ -348,10 +371,13 @@ def ring_attention_step(
     split_frames = block_n * tiles_per_split
     splits = math.ceil(capacity / split_frames)
     out = torch.empty(slots, steps, dim, device=qkv.device, dtype=torch.float32)
-    partials = rows * splits * steps if splits > 1 else 1
+    direct = splits == 1  # the program writes the output; else a row's last split merges it
+    partials = 1 if direct else rows * splits * steps
     part_max = torch.empty(partials, device=qkv.device, dtype=torch.float32)
     part_sum = torch.empty(partials, device=qkv.device, dtype=torch.float32)
     part_acc = torch.empty(partials, head_dim, device=qkv.device, dtype=torch.float32)
+    # one split counts nothing: part_max stands in
+    arrived = part_max if direct else arrival_counts(qkv.device, rows)
     pdl = dependent(qkv, "mimi_transformer")
     _ring_attention_step_kernel[(rows, splits)](
         qkv,
@@ -364,6 +390,7 @@ def ring_attention_step(
         part_max,
         part_sum,
         part_acc,
+        arrived,
         capacity,
         context,
         split_frames,
@@ -373,28 +400,13 @@ def ring_attention_step(
         head_dim=head_dim,
         steps=steps,
         block_n=block_n,
+        splits_pow2=triton.next_power_of_2(splits),
         empty=EMPTY_MAX,
-        direct=splits == 1,
+        direct=direct,
         num_warps=num_warps,
         pdl=pdl,
         launch_pdl=pdl,
     )
-    if splits > 1:
-        _ring_combine_kernel[(rows,)](
-            part_max,
-            part_sum,
-            part_acc,
-            out,
-            splits,
-            heads=heads,
-            head_dim=head_dim,
-            steps=steps,
-            splits_pow2=triton.next_power_of_2(splits),
-            empty=EMPTY_MAX,
-            num_warps=2,
-            pdl=pdl,
-            launch_pdl=pdl,
-        )
     return out
 
 

@@ -18,8 +18,15 @@ them once at full bandwidth:
   programs to fill the chip; at 128 slots one split per (slot, head) already does. The valid
   entries form one cyclic run of ring indices; when it does not wrap (a call younger than the
   ring), tiles outside it are skipped, so a young call reads only what it has written.
-- pass 2, grid (slots * heads,): rescales the partials to the common max and normalises.
-  Two launches and no atomics: the result does not depend on the order programs finish in.
+- the merge, in the same launch: each program counts itself once its partial is stored, and
+  the last of a (slot, head) to arrive (kernels/arrivals.py) rescales the row's partials to
+  their common max, normalises and writes the output (whichever program it is, it merges
+  the same partials the same way). With one split pass 1 normalises and writes the output
+  itself. One launch a layer either way: the merge was a launch of its own before (32 a step
+  at 7B), in the figures measured below too; this form is not yet timed on the GPU. Its
+  arithmetic is the merge launch's: interpreted, the outputs are that form's bit for bit;
+  compiled, the sums over the splits reduce in the pass-1 program's layout (1 or 4 warps,
+  the merge launch had 4), so they may differ by those sums' rounding (not checked on a GPU).
 
 fp8 e4m3 rings (attention.py's quantize_kv: a bf16 scale per entry) have their own pass 1,
 _ring_split_fp8_kernel. The scores are K q^T with the ring entries as the product's rows: the
@@ -46,9 +53,10 @@ which repeated q over 16 rows and widened both tiles to fp16 for the dots, 607 u
 in the same run), 888 us at 300 slots = 4.22 TB/s (previous 1421); 68 us at 128 slots with 51
 valid frames; 1.4e-3 relative error against the fp32 reference of the dequantized rings
 (previous 1.0e-3), 3.7e-2 against the unquantized random rings (unchanged). Program: block 128
-x 4 warps, 2 stages (103 registers). Others in that run, us at 128 / 300 slots: 128 x 4 x 3
-stages 413 / 923, 256 x 4 x 2 402 / 899, 64 x 4 x 3 423 / 932, 64 x 4 x 4 437 / 986, 128 x 8
-x 3 510 / 1168, 256 x 8 x 2 573 / 1303 (eight warps: one CTA per SM at 256). The previous
+x 4 warps, 2 stages (103 registers; 105 with the merge in the launch, no spills: Triton 3.6's
+sm_90 build, bench/kernels_ring_sass.py). Others in that run, us at 128 / 300 slots: 128 x 4
+x 3 stages 413 / 923, 256 x 4 x 2 402 / 899, 64 x 4 x 3 423 / 932, 64 x 4 x 4 437 / 986, 128
+x 8 x 3 510 / 1168, 256 x 8 x 2 573 / 1303 (eight warps: one CTA per SM at 256). The previous
 kernel's loop issued 800 instructions per 64-entry tile (Triton 3.6's sm_90 SASS: byte loads
 of the value tile from shared memory, index arithmetic, conversions): it was issue-bound at
 ~60% of the read ceiling; this one issues 528 per 128 entries. A first form that loaded the
@@ -58,8 +66,9 @@ Triton 3.6 (302 shuffles per tile, spills at 128): 858-5023 us at 128 slots
 tile and reshaping keeps a thread's rows in its registers.
 
 The launcher asserts shapes, dtypes, strides and devices, allocates only buffers whose size is
-fixed by the shapes, and never reads device values on the host: it can be captured in a CUDA
-graph. Scores use exp2 with log2(e) folded into the query scale.
+fixed by the shapes (the merge's arrival counts once per device, outside any capture: run each
+shape once before capturing), and never reads device values on the host: it can be captured in
+a CUDA graph. Scores use exp2 with log2(e) folded into the query scale.
 """
 
 import math
@@ -70,6 +79,7 @@ import triton.language as tl  # type: ignore[import-not-found,import-untyped,unu
 from torch import Tensor
 
 from engine.models.moshi.attention import FP8_MAX, KV_FP8, KV_SCALE_DTYPE
+from kernels.arrivals import arrival_counts, arrive
 from kernels.dependent_launch import dependent, wait_for_inputs
 from kernels.device import multiprocessors
 
@@ -123,9 +133,11 @@ def _ring_split_kernel(  # type: ignore[no-untyped-def,unused-ignore]
     k_ptr,
     v_ptr,
     last_ptr,
+    out_ptr,
     max_ptr,
     sum_ptr,
     acc_ptr,
+    arrived_ptr,
     stride_q_slot,
     stride_q_head,
     heads,
@@ -136,6 +148,8 @@ def _ring_split_kernel(  # type: ignore[no-untyped-def,unused-ignore]
     qk_scale_log2,
     head_dim: tl.constexpr,
     block_n: tl.constexpr,
+    splits_pow2: tl.constexpr,
+    direct: tl.constexpr,
     empty: tl.constexpr,
     precision: tl.constexpr,
     pdl: tl.constexpr,
@@ -186,12 +200,21 @@ def _ring_split_kernel(  # type: ignore[no-untyped-def,unused-ignore]
         update = tl.dot(weights.to(q.dtype), v, input_precision=precision)
         acc = acc * rescale[:, None] + update
         run_max = new_max
-    partial = row * splits + split
     first_lane = lanes == 0
-    tl.store(max_ptr + partial + 0 * lanes, run_max, mask=first_lane)
-    tl.store(sum_ptr + partial + 0 * lanes, run_sum, mask=first_lane)
-    acc_offsets = partial.to(tl.int64) * head_dim + 0 * lanes[:, None] + dims[None, :]
-    tl.store(acc_ptr + acc_offsets, acc, mask=first_lane[:, None])
+    if direct:  # one split: the query's own entry is valid, so run_sum > 0
+        out = (acc / run_sum[:, None]).to(out_ptr.dtype.element_ty)
+        out_offsets = row.to(tl.int64) * head_dim + 0 * lanes[:, None] + dims[None, :]
+        tl.store(out_ptr + out_offsets, out, mask=first_lane[:, None])
+    else:
+        partial = row * splits + split
+        tl.store(max_ptr + partial + 0 * lanes, run_max, mask=first_lane)
+        tl.store(sum_ptr + partial + 0 * lanes, run_sum, mask=first_lane)
+        acc_offsets = partial.to(tl.int64) * head_dim + 0 * lanes[:, None] + dims[None, :]
+        tl.store(acc_ptr + acc_offsets, acc, mask=first_lane[:, None])
+        if arrive(arrived_ptr, row, splits):
+            _merge_splits(
+                max_ptr, sum_ptr, acc_ptr, out_ptr, row, splits, head_dim, splits_pow2, empty
+            )
 
 
 @triton.jit  # type: ignore[untyped-decorator,unused-ignore]
@@ -202,9 +225,11 @@ def _ring_split_fp8_kernel(  # type: ignore[no-untyped-def,unused-ignore]
     k_scale_ptr,
     v_scale_ptr,
     last_ptr,
+    out_ptr,
     max_ptr,
     sum_ptr,
     acc_ptr,
+    arrived_ptr,
     stride_q_slot,
     stride_q_head,
     heads,
@@ -216,6 +241,8 @@ def _ring_split_fp8_kernel(  # type: ignore[no-untyped-def,unused-ignore]
     head_dim: tl.constexpr,
     block_n: tl.constexpr,
     groups: tl.constexpr,
+    splits_pow2: tl.constexpr,
+    direct: tl.constexpr,
     empty: tl.constexpr,
     pdl: tl.constexpr,
 ):
@@ -305,37 +332,48 @@ def _ring_split_fp8_kernel(  # type: ignore[no-untyped-def,unused-ignore]
         acc = acc * rescale[:, None] + update.to(tl.float32)
     top = tl.max(run_max, axis=0)
     weight = tl.exp2(run_max - top)  # groups with no valid entry: empty, weight 0 (or 1, sum 0)
-    partial = row * splits + split
-    tl.store(max_ptr + partial, top)
-    tl.store(sum_ptr + partial, tl.sum(run_sum * weight, axis=0))
+    total = tl.sum(run_sum * weight, axis=0)
     out = tl.sum(acc * weight[:, None], axis=0) * value_ref
-    tl.store(acc_ptr + partial.to(tl.int64) * head_dim + dims, out)
+    if direct:  # one split: the query's own entry is valid, so total > 0
+        out = (out / total).to(out_ptr.dtype.element_ty)
+        tl.store(out_ptr + row.to(tl.int64) * head_dim + dims, out)
+    else:
+        partial = row * splits + split
+        tl.store(max_ptr + partial, top)
+        tl.store(sum_ptr + partial, total)
+        tl.store(acc_ptr + partial.to(tl.int64) * head_dim + dims, out)
+        if arrive(arrived_ptr, row, splits):
+            _merge_splits(
+                max_ptr, sum_ptr, acc_ptr, out_ptr, row, splits, head_dim, splits_pow2, empty
+            )
 
 
 @triton.jit  # type: ignore[untyped-decorator,unused-ignore]
-def _ring_combine_kernel(  # type: ignore[no-untyped-def,unused-ignore]
+def _merge_splits(  # type: ignore[no-untyped-def,unused-ignore]
     max_ptr,
     sum_ptr,
     acc_ptr,
     out_ptr,
+    row,
     splits,
     head_dim: tl.constexpr,
     splits_pow2: tl.constexpr,
     empty: tl.constexpr,
-    pdl: tl.constexpr,
 ):
-    wait_for_inputs(pdl)
-    row = tl.program_id(0)
+    """The row's output from its splits' partials, by the last of its programs to arrive
+    (kernels/arrivals.py): rescaled to their common max and normalised."""
     parts = tl.arange(0, splits_pow2)
     present = parts < splits
     partial = row * splits + parts
-    part_max = tl.load(max_ptr + partial, mask=present, other=empty)
-    part_sum = tl.load(sum_ptr + partial, mask=present, other=0.0)
+    # .cg: the other programs' partials come from L2 (the L1 is not coherent)
+    part_max = tl.load(max_ptr + partial, mask=present, other=empty, cache_modifier=".cg")
+    part_sum = tl.load(sum_ptr + partial, mask=present, other=0.0, cache_modifier=".cg")
     dims = tl.arange(0, head_dim)
     part_acc = tl.load(
         acc_ptr + partial[:, None].to(tl.int64) * head_dim + dims[None, :],
         mask=present[:, None],
         other=0.0,
+        cache_modifier=".cg",
     )
     # splits with no valid entry carry empty and a zero sum: their weight underflows to 0
     scale = tl.exp2(part_max - tl.max(part_max, axis=0))
@@ -347,7 +385,7 @@ def _ring_combine_kernel(  # type: ignore[no-untyped-def,unused-ignore]
 def default_splits(rows: int, capacity: int, device: torch.device, block_n: int) -> int:
     """Splits per (slot, head) so that pass 1 has ~PROGRAMS_PER_SM programs per SM (read at
     each launch, like BLOCK_N)."""
-    # off CUDA (the interpreter) 4: a few splits keep the combine path exercised
+    # off CUDA (the interpreter) 4: a few splits keep the merge exercised
     wanted = math.ceil(PROGRAMS_PER_SM * multiprocessors(device, off_cuda=4) / rows)
     return max(1, min(wanted, math.ceil(capacity / block_n)))
 
@@ -376,7 +414,7 @@ def ring_attention(
     scales: tuple[Tensor, Tensor] | None = None,
 ) -> Tensor:
     """Decode attention of q over the ring (module docstring); returns [slots, heads, head_dim]
-    in q's dtype. `splits` overrides the split count (tests use it to force the combine);
+    in q's dtype. `splits` overrides the split count (tests use it to force the merge);
     `block_n`, `num_warps` and `num_stages` shape the pass-1 program (None: the module's
     BLOCK_N, NUM_WARPS and NUM_STAGES, FEW_ROWS_PROGRAM for bf16 rings of few rows, or the
     FP8_ versions, read at each launch so that bench/kernels_ring_attention.py can run the
@@ -417,10 +455,15 @@ def ring_attention(
         splits = default_splits(rows, capacity, q.device, block_n)
     split_frames = block_n * math.ceil(capacity / (splits * block_n))
     splits = math.ceil(capacity / split_frames)  # no split left empty by the rounding
-    part_max = torch.empty(rows * splits, device=q.device, dtype=torch.float32)
-    part_sum = torch.empty(rows * splits, device=q.device, dtype=torch.float32)
-    part_acc = torch.empty(rows * splits, head_dim, device=q.device, dtype=torch.float32)
+    direct = splits == 1  # pass 1 writes the output; else a row's last split merges it
+    partials = 1 if direct else rows * splits
+    part_max = torch.empty(partials, device=q.device, dtype=torch.float32)
+    part_sum = torch.empty(partials, device=q.device, dtype=torch.float32)
+    part_acc = torch.empty(partials, head_dim, device=q.device, dtype=torch.float32)
+    # one split counts nothing: part_max stands in
+    arrived = part_max if direct else arrival_counts(q.device, rows)
     out = torch.empty(slots, heads, head_dim, device=q.device, dtype=q.dtype)
+    merge = {"splits_pow2": triton.next_power_of_2(splits), "direct": direct}
     qk_scale_log2 = math.log2(math.e) / math.sqrt(head_dim)
     pdl = dependent(q, "ring_attention")
     if scales is None:
@@ -429,9 +472,11 @@ def ring_attention(
             keys,
             values,
             last,
+            out,
             part_max,
             part_sum,
             part_acc,
+            arrived,
             q.stride(0),
             q.stride(1),
             heads,
@@ -442,6 +487,7 @@ def ring_attention(
             qk_scale_log2,
             head_dim=head_dim,
             block_n=block_n,
+            **merge,
             empty=EMPTY_MAX,
             # fp32 rings (tests, fp32 models) must not drop to tf32 in the dot
             precision="ieee" if q.dtype == torch.float32 else None,
@@ -461,9 +507,11 @@ def ring_attention(
             scales[0],
             scales[1],
             last,
+            out,
             part_max,
             part_sum,
             part_acc,
+            arrived,
             q.stride(0),
             q.stride(1),
             heads,
@@ -475,23 +523,11 @@ def ring_attention(
             head_dim=head_dim,
             block_n=block_n,
             groups=groups,
+            **merge,
             empty=EMPTY_MAX,
             num_warps=num_warps,
             num_stages=num_stages,
             pdl=pdl,
             launch_pdl=pdl,
         )
-    _ring_combine_kernel[(rows,)](
-        part_max,
-        part_sum,
-        part_acc,
-        out,
-        splits,
-        head_dim=head_dim,
-        splits_pow2=triton.next_power_of_2(splits),
-        empty=EMPTY_MAX,
-        num_warps=4,
-        pdl=pdl,
-        launch_pdl=pdl,
-    )
     return out

@@ -14,6 +14,7 @@ pytest.importorskip("triton", reason="triton is not installed (CPU torch does no
 
 import kernels.mimi_transformer
 from engine.models.moshi.attention import apply_rope, ring_mask, ring_write, rope_frequencies
+from kernels.arrivals import _COUNTS
 from kernels.mimi_transformer import (
     FULL_CHIP_SHAPE,
     SMALL_SPLIT_SHAPES,
@@ -25,6 +26,7 @@ from kernels.mimi_transformer import (
     rope_tables,
     step_shape,
 )
+from tests.kernels.captured import assert_replays_one_kernel
 
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 MAX_PERIOD = 10000.0
@@ -56,7 +58,7 @@ STARTS = [0, 2, 4, 5, 6, 7, 131]
 @pytest.mark.parametrize(
     ("block_n", "tiles_per_split"),
     # the module's default (unsplit at 250 entries); splits of one tile (this step's keys in
-    # split 0 only, the others combined); of several tiles; one program over the whole ring
+    # split 0 only, the others merged); of several tiles; one program over the whole ring
     [(None, None), (64, 1), (16, 1), (16, 2), (32, 2), (16, 16)],
 )
 def test_ring_attention_step_matches_reference(
@@ -72,6 +74,51 @@ def test_ring_attention_step_matches_reference(
     assert torch.allclose(keys, want_keys, atol=1e-6, rtol=0)
     assert torch.equal(values, want_values)
     assert torch.allclose(got, want, atol=1e-5, rtol=1e-5), (got - want).abs().max()
+
+
+def _step(
+    starts: list[int], capacity: int, block_n: int, tiles_per_split: int, seed: int
+) -> torch.Tensor:
+    """The kernel's output for 2 heads of 16 over rings of `capacity`, the whole ring in
+    context."""
+    qkv, keys, values, start = _step_inputs(starts, 2, 16, capacity, seed)
+    positions = start[:, None] + torch.arange(2, device=DEVICE)
+    cos, sin = rope_tables(positions, _freqs(16))
+    return ring_attention_step(
+        qkv, cos, sin, keys, values, start, capacity, block_n, tiles_per_split
+    )
+
+
+def test_repeated_split_launches_give_the_same_bits() -> None:
+    """Each (slot, head)'s last split merges it and sets its arrival count back to zero, so
+    that a launch reusing the counts (other rows, other splits) and a repeat of the first, as
+    a graph replay runs it, give the same bits, and every count is zero after them."""
+    first = _step(STARTS, 40, 16, 1, seed=8)  # 3 splits
+    other = _step(STARTS[:3], 40, 16, 2, seed=9)  # 2 splits
+    again = _step(STARTS, 40, 16, 1, seed=8)
+    assert torch.equal(first, again)
+    qkv, keys, values, start = _step_inputs(STARTS[:3], 2, 16, 40, seed=9)
+    cos, sin = rope_tables(start[:, None] + torch.arange(2, device=DEVICE), _freqs(16))
+    want = ring_attention_step_reference(qkv, cos, sin, keys, values, start, 40)
+    assert torch.allclose(other, want, atol=1e-5, rtol=1e-5), (other - want).abs().max()
+    for counts in _COUNTS[DEVICE]:
+        assert int(counts.abs().sum()) == 0, counts
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_a_captured_split_step_is_one_kernel() -> None:
+    """Moshi's Mimi at one slot (8 heads x 64, 250-frame rings in 16 splits of 16 entries, as
+    step_shape splits them at 8 rows): one kernel in the graph, replays with the eager call's
+    bits. Each replay writes the same k and v into the rings again, which changes nothing."""
+    heads, head_dim, capacity = 8, 64, 250
+    qkv, keys, values, start = _step_inputs([1000], heads, head_dim, capacity, seed=10)
+    cos, sin = rope_tables(start[:, None] + torch.arange(2, device=DEVICE), _freqs(head_dim))
+
+    def call() -> torch.Tensor:
+        return ring_attention_step(qkv, cos, sin, keys, values, start, capacity, 16, 1)
+
+    assert_replays_one_kernel(call)
 
 
 def test_step_shape_splits_the_ring_while_the_grid_leaves_multiprocessors_idle(

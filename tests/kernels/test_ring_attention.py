@@ -16,6 +16,7 @@ pytest.importorskip("triton", reason="triton is not installed (CPU torch does no
 
 import kernels.ring_attention as ring_module
 from engine.models.moshi.attention import dequantize_kv, quantize_kv, ring_mask
+from kernels.arrivals import _COUNTS
 from kernels.ring_attention import (
     FEW_ROWS,
     FEW_ROWS_PROGRAM,
@@ -24,6 +25,7 @@ from kernels.ring_attention import (
     ring_attention_reference,
     ring_positions,
 )
+from tests.kernels.captured import assert_replays_one_kernel
 
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 # Triton 3.6's interpreter gets bf16 tl.dot wrong (seen: errors of 1e10 on a 16 x 16 bf16
@@ -65,12 +67,12 @@ def _positions(slots: int, capacity: int) -> torch.Tensor:
     ("slots", "heads", "capacity", "head_dim", "context", "splits"),
     [
         (3, 2, 40, 64, 40, None),  # wraps (positions >= 40), default splits
-        (8, 2, 40, 64, 40, 3),  # every position kind, the combine over 3 splits
+        (8, 2, 40, 64, 40, 3),  # every position kind, the merge over 3 splits
         (8, 1, 200, 64, 200, 1),  # 4 tiles in one program: the online rescale
         (5, 2, 300, 128, 250, 2),  # several tiles per split and context < capacity
         (2, 1, 130, 128, 130, 5),  # capacity not a multiple of the tile, last tile partial
         (8, 1, 40, 128, 17, 2),  # context shorter than the ring
-        (4, 3, 64, 64, 64, 1),  # a single split: the combine is a copy
+        (4, 3, 64, 64, 64, 1),  # a single split: pass 1 writes the output
     ],
 )
 @pytest.mark.parametrize(
@@ -165,6 +167,63 @@ def test_fp8_ring_matches_reference_on_dequantized_entries(
         assert _relative_error(got[:, head], dequantized[:, head]) <= 1e-2
     exact = ring_attention_reference(q, keys, values, last, context)
     assert _relative_error(got[:, 0], exact[:, 0]) <= 5e-2
+
+
+def _launch(
+    slots: int, capacity: int, splits: int, fp8: bool, seed: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(the kernel's output, the reference on the rings it read): fp32 q, 2 heads of 64, the
+    whole ring in context."""
+    q, keys, values = _inputs(slots, 2, capacity, 64, torch.float32, seed)
+    last = _positions(slots, capacity)
+    scales = None
+    if fp8:
+        keys, key_scale = quantize_kv(keys)
+        values, value_scale = quantize_kv(values)
+        scales = (key_scale, value_scale)
+        want_keys, want_values = dequantize_kv(keys, key_scale), dequantize_kv(values, value_scale)
+    else:
+        want_keys, want_values = keys, values
+    got = ring_attention(q, keys, values, last, capacity, splits, scales=scales)
+    return got, ring_attention_reference(q, want_keys, want_values, last, capacity)
+
+
+# fp8 rings: block 128, so their splits take rings of more than 128 entries
+@pytest.mark.parametrize(("fp8", "capacity"), [(False, 40), (True, 300)], ids=["fp32", "fp8"])
+def test_repeated_launches_give_the_same_bits(fp8: bool, capacity: int) -> None:
+    """Each row's last split merges it and sets its arrival count back to zero, so that a
+    launch reusing the counts (other rows, other splits) and a repeat of the first, as a
+    graph replay runs it, give the same bits, and every count is zero after them."""
+    first, want = _launch(8, capacity, 3, fp8, seed=5)
+    other, other_want = _launch(3, capacity, 2, fp8, seed=6)
+    again, _ = _launch(8, capacity, 3, fp8, seed=5)
+    assert torch.equal(first, again)
+    bound = 1e-2 if fp8 else TOLERANCE[torch.float32]
+    assert _relative_error(first, want) <= bound
+    assert _relative_error(other, other_want) <= bound
+    for counts in _COUNTS[DEVICE]:
+        assert int(counts.abs().sum()) == 0, counts
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("fp8", [False, True], ids=["bf16", "fp8"])
+def test_a_captured_call_is_one_kernel(fp8: bool) -> None:
+    """One slot of 7B shapes (full 1500-frame rings; on 132 multiprocessors 16 splits bf16,
+    12 fp8): one kernel in the graph, replays with the eager call's bits."""
+    capacity = 1500
+    q, keys, values = _inputs(1, 32, capacity, 128, torch.bfloat16, seed=21)
+    last = torch.tensor([3 * capacity + 7], device=DEVICE)
+    scales = None
+    if fp8:
+        keys, key_scale = quantize_kv(keys)
+        values, value_scale = quantize_kv(values)
+        scales = (key_scale, value_scale)
+
+    def call() -> torch.Tensor:
+        return ring_attention(q, keys, values, last, capacity, scales=scales)
+
+    assert_replays_one_kernel(call)
 
 
 def test_reference_validity_is_the_transformers_mask() -> None:

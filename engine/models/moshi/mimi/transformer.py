@@ -11,13 +11,12 @@ Two paths compute the same layers. The eager one (CPU, and the reference on CUDA
 attention.py's RingAttention, whose codes match Kyutai's bit for bit on CPU. The fused one
 (`fused=True`, Triton: CUDA, or its interpreter in tests) computes the RoPE tables once per
 step for all layers and runs, per layer, 7 kernels: in_proj, kernels/mimi_transformer.py's
-ring_attention_step (RoPE + ring write + attention; one launch in its default shape, two
-when the ring is split), out_proj, residual_layer_norm (layer scale + residual + norm2),
-linear1, GELU, linear2, then residual_layer_norm again with the next layer's norm1; 6 at up
-to FEW_ROWS rows, where linear1 and the GELU are one launch (fused_linear's GELU epilogue:
-16 launches fewer a tick at one call, 8 layers in each direction; not yet timed on a GPU).
-Eager it is ~55 kernels per layer on CUDA, mostly 2.5 us launches on a few KiB
-(bench/mimi_gpu.py measures both).
+ring_attention_step (RoPE + ring write + attention, one launch whether or not the ring is
+split), out_proj, residual_layer_norm (layer scale + residual + norm2), linear1, GELU,
+linear2, then residual_layer_norm again with the next layer's norm1; 6 at up to FEW_ROWS
+rows, where linear1 and the GELU are one launch (fused_linear's GELU epilogue: 16 launches
+fewer a tick at one call, 8 layers in each direction). Eager it is ~55 kernels per layer on
+CUDA, mostly 2.5 us launches on a few KiB (bench/mimi_gpu.py measures both).
 """
 
 import torch
