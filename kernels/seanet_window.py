@@ -14,14 +14,15 @@ ELU, a concatenation and a copy of the new tail: three launches of a few KiB at 
 A program writes BLOCK_T x BLOCK_C of the window's frame part; the programs of time block 0
 also copy the kept tail into the window and then overwrite it with the new one (each slot and
 channel block's tail is read and written by one program only, so no program reads a tail
-another has already replaced). The ELU is exp(x) - 1 below zero (torch: expm1; they differ by
-~1e-7 in absolute value).
+another has already replaced). Below zero the ELU is expm1(x), as torch's CUDA kernel computes
+it (the same bits); in Triton's interpreter, which has no expm1, exp(x) - 1 (~1e-7 apart).
 """
 
 import torch
 import triton  # type: ignore[import-not-found,import-untyped,unused-ignore]
 import triton.language as tl  # type: ignore[import-not-found,import-untyped,unused-ignore]
 from torch import Tensor
+from triton.language.extra import libdevice  # type: ignore[import-not-found,import-untyped,unused-ignore]
 
 from kernels.dependent_launch import dependent, wait_for_inputs
 
@@ -30,9 +31,11 @@ BLOCK_C = 64  # channels a program
 
 
 @triton.jit  # type: ignore[untyped-decorator,unused-ignore]
-def _activated(x, activate: tl.constexpr):  # type: ignore[no-untyped-def,unused-ignore]
-    if activate:
-        x = tl.where(x > 0, x, tl.exp(x) - 1.0)
+def _activated(x, activate: tl.constexpr, compiled: tl.constexpr):  # type: ignore[no-untyped-def,unused-ignore]
+    if activate and compiled:
+        x = tl.where(x > 0, x, libdevice.expm1(x))  # torch's CUDA ELU: the same bits
+    elif activate:
+        x = tl.where(x > 0, x, tl.exp(x) - 1.0)  # the interpreter has no expm1
     return x
 
 
@@ -47,6 +50,7 @@ def _window_kernel(  # type: ignore[no-untyped-def,unused-ignore]
     stride_x,
     stride_previous,
     activate: tl.constexpr,
+    compiled: tl.constexpr,
     block_t: tl.constexpr,
     block_c: tl.constexpr,
     block_h: tl.constexpr,
@@ -62,7 +66,7 @@ def _window_kernel(  # type: ignore[no-untyped-def,unused-ignore]
     window_rows = window_ptr + slot.to(tl.int64) * width * channels
     inside = (times < frames)[:, None] & cols_in[None, :]
     x = tl.load(x_rows + times[:, None] * channels + cols[None, :], mask=inside, other=0.0)
-    x = _activated(x, activate)
+    x = _activated(x, activate, compiled)
     tl.store(window_rows + (history + times)[:, None] * channels + cols[None, :], x, mask=inside)
     if tl.program_id(1) == 0:
         kept = tl.arange(0, block_h)
@@ -75,7 +79,7 @@ def _window_kernel(  # type: ignore[no-untyped-def,unused-ignore]
         tl.debug_barrier()
         new = tl.load(x_rows + (frames - history + kept)[:, None] * channels + cols[None, :],
                       mask=tail, other=0.0)  # fmt: skip
-        tl.store(previous_rows + at, _activated(new, activate), mask=tail)
+        tl.store(previous_rows + at, _activated(new, activate, compiled), mask=tail)
 
 
 def _time_major(t: Tensor, name: str) -> None:
@@ -111,6 +115,7 @@ def conv_window(x: Tensor, previous: Tensor, activate: bool) -> Tensor:
         x.stride(0),
         previous.stride(0),
         activate=activate,
+        compiled=x.is_cuda,
         block_t=BLOCK_T,
         block_c=BLOCK_C,
         block_h=triton.next_power_of_2(history),

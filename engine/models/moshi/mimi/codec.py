@@ -9,7 +9,8 @@ Encoder and decoder state reset separately: a call's decoder starts with its fir
 frame, one step after its encoder (the LM emits nothing at step 0).
 
 `fused` (default: on CUDA) runs the transformers and the RVQ through the Triton kernels of
-kernels/mimi_transformer.py and kernels/mimi_rvq.py; the SEANet convolutions stay eager.
+kernels/mimi_transformer.py and kernels/mimi_rvq.py, and each SEANet convolution's window
+(kept tail, ELU, new tail) through kernels/seanet_window.py; the convolutions stay cuDNN's.
 Measured on one H200, each stage its own CUDA graph, every transformer at a full 250-frame
 ring (python3 bench/mimi_gpu.py --slots 1,128,300; bench/results/mimi_gpu.json), eager ->
 fused, median ms (kernels):
@@ -66,6 +67,9 @@ class MimiCodec(nn.Module):
         self.config = config
         self.encoder = seanet_encoder(config, slots, device, channels_last)
         self.decoder = seanet_decoder(config, slots, device, channels_last)
+        for module in (*self.encoder.modules(), *self.decoder.modules()):
+            if isinstance(module, StreamingConv1d) and not fused:
+                module.window_kernel = False  # the eager codec: torch's ops throughout
 
         def transformer() -> MimiTransformer:
             return MimiTransformer(

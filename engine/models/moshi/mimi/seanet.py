@@ -29,6 +29,16 @@ run, bench/results/mimi_gpu_channels_last_first.json): encode 0.89 -> 0.80 ms at
 (bench/results/engine_stages_convtr_channels_last.json -> engine_stages_after.json), before
 they became matrix products.
 
+A convolution's window (its kept tail, the frame through the ELU in front of it, the tail
+it keeps for the next frame) is one launch of kernels/seanet_window.py on CUDA (channels-last,
+frames at least the tail long): the ELU, the concatenation and the copy were three. The ELU
+modules before a convolution hand it their input (SeanetStack, ResnetBlock), so the ELU runs
+there. One H200, alternated in one run (`python3 bench/engine_stages.py --slots 1,128 --ab
+window`, bench/results/engine_stages_ab_902ed82.json), ms with the window kernel against
+torch's ops: 1 slot encode 0.552 / 0.509 against 0.531 / 0.530 (145 against 162 kernels),
+decode 0.427 / 0.426 against 0.444 / 0.443 (137 against 147); 128 slots encode 2.380 / 2.380
+against 2.404 / 2.403, decode 2.271 / 2.272 against 2.436 / 2.422.
+
 Tried and reverted (commit 31cb4ed): each convolution as one Triton launch with the ELU in
 front, the window over the tail, the bias, the residual add and the tail update fused (an
 implicit GEMM over (slot, frame) rows in TF32; the tail double-buffered by a phase flipped
