@@ -42,10 +42,11 @@ ENABLED = True
 # apart by about the run-to-run spread.
 SKIPPED = frozenset({"rms_norm", "kv_append", "gated_silu", "ring_attention", "embed_sum"})
 # Up to this many rows (the launch's tensor's first dimension: slots) SKIPPED does not apply:
-# every kernel takes PDL. At one slot the temporal stage ran 4.22 ms (mean of 4) with PDL
-# everywhere against 4.39 with SKIPPED (separate processes, one H200, `python3
-# bench/engine_stages.py --slots 1 --stages temporal [--pdl-skip ""]`, bench/results/
-# engine_stages_swapped_prefetch{,_pdl_all}.json: runs of an L2 prefetch that gained nothing).
+# every kernel takes PDL. One H200, alternated in one process (`python3 bench/engine_stages.py
+# --slots 1,128 --ab skip`, bench/results/engine_stages_ab_902ed82.json), ms with SKIPPED
+# against PDL everywhere: 1 slot temporal 4.32 / 4.25 against 4.11 / 4.09 (the other stages
+# within 0.06 either way); 128 slots temporal 26.50 / 26.59 against 26.77 / 26.53, depformer
+# 1.93 / 2.05 against 2.12 / 1.96. So one slot only.
 ALL_UP_TO = 1
 
 
