@@ -65,7 +65,6 @@ from kernels.fused_linear import MAX_ROWS, Tiles
 
 log = logging.getLogger("engine_stages")
 SERVED_ALL_UP_TO = dependent_launch.ALL_UP_TO
-WINDOWED: set[StreamingConv1d] = set()  # the convolutions an experiment has set
 
 
 def timed(stage: Callable[[], object]) -> dict[str, Any]:
@@ -81,11 +80,15 @@ def parse_tiles(spec: str) -> Tiles:
 Arms = list[tuple[str, Callable[[], None]]]
 
 
-def serve() -> None:
+def convolutions(mimi: MimiCodec) -> list[StreamingConv1d]:
+    return [module for module in mimi.modules() if isinstance(module, StreamingConv1d)]
+
+
+def serve(mimi: MimiCodec) -> None:
     """Every experiment's knob as served."""
     dependent_launch.ALL_UP_TO = SERVED_ALL_UP_TO
     torch.backends.cuda.preferred_blas_library("default")
-    for module in WINDOWED:
+    for module in convolutions(mimi):
         module.window_kernel = None
 
 
@@ -103,10 +106,8 @@ def experiments(slots: int, mimi: MimiCodec, names: list[str]) -> list[Arms]:
 
     def window(on: bool) -> Callable[[], None]:
         def apply() -> None:
-            for module in mimi.modules():
-                if isinstance(module, StreamingConv1d):
-                    module.window_kernel = on
-                    WINDOWED.add(module)
+            for module in convolutions(mimi):
+                module.window_kernel = on
 
         return apply
 
@@ -164,14 +165,15 @@ def stages(
             for name, stage in plan.items():
                 row[name + suffix] = timed(stage)
                 log.info("%d slots %s %s", slots, name + suffix, row[name + suffix])
-            for arms in experiments(slots, mimi, ab):
+            # with PDL on only: off, the skip arms would be one setting twice
+            for arms in experiments(slots, mimi, ab) if enabled else []:
                 for round_, (arm, apply) in enumerate(arms * 2):
                     apply()
                     key = suffix + arm + ("_again" if round_ >= 2 else "")
                     for name, stage in plan.items():
                         row[name + key] = timed(stage)
                         log.info("%d slots %s %s", slots, name + key, row[name + key])
-                serve()
+                serve(mimi)
             if per_op and "depformer" in plan:
                 lm.depformer.few_rows = 0
                 row["depformer_per_op" + suffix] = timed(plan["depformer"])

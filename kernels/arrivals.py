@@ -30,8 +30,11 @@ _COUNTS: dict[torch.device, list[Tensor]] = {}
 def arrival_counts(device: torch.device, rows: int) -> Tensor:
     """int32 [at least `rows`] arrival counts on `device`, zero between launches: one buffer
     for every launch there, as the kernels of a tick run one after another on one stream
-    (each leaves the counts at zero). A launch that needs more gets a larger buffer; the
-    smaller ones are kept, since a captured graph may still use them. A buffer is never made
+    (each leaves the counts at zero). Two streams launching split kernels on one device at
+    once would share the counts and corrupt each other's merges: the engine runs one model
+    on one stream per device; a second one would need buffers of its own. A launch that
+    needs more gets a larger buffer; the smaller ones are kept, since a captured graph may
+    still use them. A buffer is never made
     during a graph capture (run each shape once before capturing, as the graph executor's
     warm-up does)."""
     kept = _COUNTS.setdefault(device, [])

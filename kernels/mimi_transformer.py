@@ -19,9 +19,9 @@ over everything between the matrix products:
   arrive (kernels/arrivals.py) rescales the row's partials to their common max, normalises
   and writes the output (whichever program it is, it merges the same partials the same
   way). With one split the program normalises and writes the output itself: one launch
-  either way (the merge was a second launch until the last-to-arrive form, not yet timed on
-  the GPU). In a call younger than the ring the visible entries form one unwrapped run of
-  indices and tiles outside it are skipped.
+  either way (the merge was a second launch until the last-to-arrive form, which has no A/B
+  of its own on the GPU: the stages timed since include it). In a call younger than the ring
+  the visible entries form one unwrapped run of indices and tiles outside it are skipped.
 
       qkv:          fp32 [slots, T, 3 * heads * head_dim]   the in_proj output, [q | k | v]
       cos, sin:     fp32 [slots, T, head_dim / 2]
@@ -67,8 +67,9 @@ the default from one program per multiprocessor on; below that (1 slot: 8 progra
 win instead (17.3 -> 5.1 us per layer) and are taken (step_shape, its table). Still 3x short of the
 4.8 TB/s read: the tile products live as [T, 64, 64] registers, so only 2 programs fit an SM.
 
-The merge in the split launch costs registers (Triton 3.6's sm_90 build, made as
-bench/kernels_ring_sass.py makes the ring's; no spills; 8 heads x 64, 250-frame rings):
+The merge in the split launch costs registers (Triton 3.6's sm_90 build with
+triton.compile, as bench/kernels_ring_sass.py builds the ring's; that script for this kernel
+was not kept; no spills; 8 heads x 64, 250-frame rings):
 16x1x4 110 -> 115, 32x2x4 159 -> 168 (still 3 programs per SM), 32x1x4 159 -> 202 (taken at
 most at 16 rows, 128 programs: fewer than the multiprocessors, so occupancy does not bind).
 

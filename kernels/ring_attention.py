@@ -23,10 +23,13 @@ them once at full bandwidth:
   their common max, normalises and writes the output (whichever program it is, it merges
   the same partials the same way). With one split pass 1 normalises and writes the output
   itself. One launch a layer either way: the merge was a launch of its own before (32 a step
-  at 7B), in the figures measured below too; this form is not yet timed on the GPU. Its
-  arithmetic is the merge launch's: interpreted, the outputs are that form's bit for bit;
-  compiled, the sums over the splits reduce in the pass-1 program's layout (1 or 4 warps,
-  the merge launch had 4), so they may differ by those sums' rounding (not checked on a GPU).
+  at 7B), in the figures measured below too; this form has no A/B of its own on the GPU (the
+  stages and ticks timed since include it: bench/results/engine_stages_ab_902ed82.json,
+  bench_engine_bf16_1_ab_baa6a49_*.json). Its arithmetic is the merge launch's: interpreted,
+  the outputs are that form's bit for bit; compiled, the sums over the splits reduce in the
+  pass-1 program's layout (1 or 4 warps, the merge launch had 4), so they may differ by those
+  sums' rounding (not compared bit for bit on a GPU; the GPU tests against the reference
+  pass).
 
 fp8 e4m3 rings (attention.py's quantize_kv: a bf16 scale per entry) have their own pass 1,
 _ring_split_fp8_kernel. The scores are K q^T with the ring entries as the product's rows: the

@@ -82,6 +82,15 @@ def _window_kernel(  # type: ignore[no-untyped-def,unused-ignore]
         tl.store(previous_rows + at, _activated(new, activate, compiled), mask=tail)
 
 
+def conv_window_reference(x: Tensor, previous: Tensor, activate: bool) -> Tensor:
+    """conv_window in torch ops (the codec's own path, seanet.StreamingConv1d): the window
+    [previous | elu(x) or x]; `previous` is replaced by its last `history` frames."""
+    ready = torch.nn.functional.elu(x) if activate else x
+    window = torch.cat([previous, ready], dim=-1)
+    previous.copy_(window[..., -previous.shape[2] :])
+    return window
+
+
 def _time_major(t: Tensor, name: str) -> None:
     _, channels, length = t.shape
     layout = f"{name} must be time-major (channels last), strides {t.stride()}"

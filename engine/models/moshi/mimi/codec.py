@@ -67,9 +67,6 @@ class MimiCodec(nn.Module):
         self.config = config
         self.encoder = seanet_encoder(config, slots, device, channels_last)
         self.decoder = seanet_decoder(config, slots, device, channels_last)
-        for module in (*self.encoder.modules(), *self.decoder.modules()):
-            if isinstance(module, StreamingConv1d) and not fused:
-                module.window_kernel = False  # the eager codec: torch's ops throughout
 
         def transformer() -> MimiTransformer:
             return MimiTransformer(
@@ -114,6 +111,9 @@ class MimiCodec(nn.Module):
         self.quantizer = SplitQuantizer(
             config.codebooks, config.bins, config.quantizer_dim, dim, device, fused
         )
+        for module in self.modules():
+            if isinstance(module, StreamingConv1d) and not fused:
+                module.window_kernel = False  # the eager codec: torch's ops throughout
         # the modules with per-slot state, walked once here rather than on every step
         self._encoder_state = StatePool(
             streaming_parts(self.encoder, self.encoder_transformer, self.downsample),
