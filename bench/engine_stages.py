@@ -224,8 +224,8 @@ def main() -> int:
         "model": "moshiko 7B shapes, random weights, bf16, context 1500 frames, rings full",
         "rows": [],
     }
+    ab = [name for name in args.ab.split(",") if name]
     for slots in [int(s) for s in args.slots.split(",")]:
-        ab = [name for name in args.ab.split(",") if name]
         row = stages(slots, args.stages.split(","), args.per_op, args.pdl, tiles, ab)
         result["rows"].append(row)
         torch.cuda.empty_cache()

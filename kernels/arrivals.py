@@ -14,8 +14,8 @@ The count is released and acquired at GPU scope (acq_rel), after a barrier that 
 thread's stores of the partial before it, so the last program sees every other's partial; it
 loads them with `.cg` (from L2: the L1 is not coherent across multiprocessors). Which program
 is last does not change the result: it loads every partial of the row, its own too, and
-merges them in the same way whichever it is. kernels/fused_linear.py's swapped kernel works
-so too, with its own workspace (its sums and counts paired).
+merges them in the same way whichever it is. kernels/fused_linear.py's swapped kernel counts
+its split units so too (`last_to_arrive`), in its own workspace (its sums and counts paired).
 """
 
 import torch
@@ -47,7 +47,7 @@ def arrival_counts(device: torch.device, rows: int) -> Tensor:
 
 
 @triton.jit  # type: ignore[untyped-decorator,unused-ignore]
-def arrive(arrived_ptr, row, splits):  # type: ignore[no-untyped-def,unused-ignore]
+def last_to_arrive(arrived_ptr, row, splits):  # type: ignore[no-untyped-def,unused-ignore]
     """Counts this program in `arrived_ptr[row]` once its partial is stored; whether it is the
     last of the row's `splits`, which then merges the row. The last sets the count back to
     zero: every other program of the row has counted itself."""

@@ -61,7 +61,7 @@ def dependent(x: Tensor, kernel: str) -> bool:
     launches with PDL."""
     if not (ENABLED and x.is_cuda):
         return False
-    if kernel in SKIPPED and (x.dim() == 0 or x.shape[0] > ALL_UP_TO):
+    if kernel in SKIPPED and x.shape[0] > ALL_UP_TO:
         return False
     index = x.device.index if x.device.index is not None else torch.cuda.current_device()
     return _supported(index)

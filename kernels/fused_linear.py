@@ -127,6 +127,7 @@ import triton.language as tl  # type: ignore[import-not-found,import-untyped,unu
 from torch import Tensor
 from torch.nn import functional
 
+from kernels.arrivals import last_to_arrive
 from kernels.dependent_launch import dependent, wait_for_inputs
 from kernels.device import multiprocessors
 
@@ -491,9 +492,9 @@ def _swapped_linear_kernel(  # type: ignore[no-untyped-def,unused-ignore]
     With `splits` > 1 each column block's k is cut in that many parts, each a unit of work of
     its own, so that narrow outputs still stream on every multiprocessor: a unit stores its
     fp32 sums in `partial_ptr` and counts itself in `arrived_ptr` (one int32 per column block,
-    zero between launches); the unit that arrives last adds the parts in their order (the
-    sums do not depend on which unit is last), runs the epilogue and sets the count back to
-    zero."""
+    zero between launches); the unit that arrives last (kernels/arrivals.py's last_to_arrive,
+    which also sets the count back to zero) adds the parts in their order (the sums do not
+    depend on which unit is last) and runs the epilogue."""
     program = tl.program_id(0)
     programs = tl.num_programs(0)
     row = tl.arange(0, block_m)
@@ -531,11 +532,8 @@ def _swapped_linear_kernel(  # type: ignore[no-untyped-def,unused-ignore]
             tl.store(unit_sums, acc)
             if gated:
                 tl.store(unit_sums + block_n * block_m, acc_up)
-            # every thread's sums are stored before the count (released at GPU scope) says so
-            tl.debug_barrier()
-            last = tl.atomic_add(arrived_ptr + block, 1, sem="acq_rel") == splits - 1
+            last = last_to_arrive(arrived_ptr, block, splits)
             if last:
-                tl.debug_barrier()
                 acc = tl.zeros([block_n, block_m], dtype=tl.float32)
                 acc_up = tl.zeros([block_n, block_m], dtype=tl.float32)
                 block_sums = partial_ptr + tl.cast(block * splits, tl.int64) * (
@@ -546,7 +544,6 @@ def _swapped_linear_kernel(  # type: ignore[no-untyped-def,unused-ignore]
                     acc += tl.load(sums, cache_modifier=".cg")
                     if gated:
                         acc_up += tl.load(sums + block_n * block_m, cache_modifier=".cg")
-                tl.store(arrived_ptr + block, 0)
         if last:
             store_block(
                 tl.trans(acc), tl.trans(acc_up), residual_ptr, out_ptr, stride_residual, n, row,

@@ -90,7 +90,7 @@ import triton.language as tl  # type: ignore[import-not-found,import-untyped,unu
 from torch import Tensor
 from torch.nn import functional
 
-from kernels.arrivals import arrival_counts, arrive
+from kernels.arrivals import arrival_counts, last_to_arrive
 from kernels.dependent_launch import dependent, wait_for_inputs
 from kernels.device import multiprocessors
 
@@ -273,7 +273,7 @@ def _ring_attention_step_kernel(  # type: ignore[no-untyped-def,unused-ignore]
         tl.store(max_ptr + partial, run_max)
         tl.store(sum_ptr + partial, run_sum)
         tl.store(acc_ptr + partial[:, None] * head_dim + dims[None, :], acc)
-        if arrive(arrived_ptr, row, splits):
+        if last_to_arrive(arrived_ptr, row, splits):
             _merge_splits(
                 max_ptr, sum_ptr, acc_ptr, out_ptr, row, splits, heads, head_dim, steps,
                 splits_pow2, empty,

@@ -82,7 +82,7 @@ import triton.language as tl  # type: ignore[import-not-found,import-untyped,unu
 from torch import Tensor
 
 from engine.models.moshi.attention import FP8_MAX, KV_FP8, KV_SCALE_DTYPE
-from kernels.arrivals import arrival_counts, arrive
+from kernels.arrivals import arrival_counts, last_to_arrive
 from kernels.dependent_launch import dependent, wait_for_inputs
 from kernels.device import multiprocessors
 
@@ -214,7 +214,7 @@ def _ring_split_kernel(  # type: ignore[no-untyped-def,unused-ignore]
         tl.store(sum_ptr + partial + 0 * lanes, run_sum, mask=first_lane)
         acc_offsets = partial.to(tl.int64) * head_dim + 0 * lanes[:, None] + dims[None, :]
         tl.store(acc_ptr + acc_offsets, acc, mask=first_lane[:, None])
-        if arrive(arrived_ptr, row, splits):
+        if last_to_arrive(arrived_ptr, row, splits):
             _merge_splits(
                 max_ptr, sum_ptr, acc_ptr, out_ptr, row, splits, head_dim, splits_pow2, empty
             )
@@ -345,7 +345,7 @@ def _ring_split_fp8_kernel(  # type: ignore[no-untyped-def,unused-ignore]
         tl.store(max_ptr + partial, top)
         tl.store(sum_ptr + partial, total)
         tl.store(acc_ptr + partial.to(tl.int64) * head_dim + dims, out)
-        if arrive(arrived_ptr, row, splits):
+        if last_to_arrive(arrived_ptr, row, splits):
             _merge_splits(
                 max_ptr, sum_ptr, acc_ptr, out_ptr, row, splits, head_dim, splits_pow2, empty
             )

@@ -339,23 +339,20 @@ class SeanetStack(nn.Module):
     def __init__(self, layers: list[nn.Module]) -> None:
         super().__init__()
         self.model = nn.Sequential(*layers)
+        # (layer, whether it runs the ELU before it): an ELU followed by a convolution is
+        # dropped here and the convolution applies it (StreamingConv1d's `activate`)
+        self._steps: list[tuple[nn.Module, bool]] = []
+        for index, layer in enumerate(layers):
+            after_elu = index > 0 and isinstance(layers[index - 1], nn.ELU)
+            if isinstance(layer, StreamingConv1d) and after_elu:
+                self._steps[-1] = (layer, True)
+            else:
+                self._steps.append((layer, False))
 
     def forward(self, x: Tensor) -> Tensor:
         """The layers in order; an ELU right before a convolution runs inside it."""
-        layers = list(self.model)
-        for index, layer in enumerate(layers):
-            if (
-                isinstance(layer, StreamingConv1d)
-                and index
-                and isinstance(layers[index - 1], nn.ELU)
-            ):
-                x = layer(x, activate=True)
-            elif not (
-                isinstance(layer, nn.ELU)
-                and index + 1 < len(layers)
-                and isinstance(layers[index + 1], StreamingConv1d)
-            ):
-                x = layer(x)
+        for layer, activate in self._steps:
+            x = layer(x, activate=True) if activate else layer(x)
         return x
 
 
