@@ -23,10 +23,7 @@ kernels/dependent_launch.py). `--tiles` times the depformer's few-rows path with
 fused_linear tile (`block_n:block_k:warps[:programs_per_sm]`, CUDA cores) as
 `depformer_tiles`. `--pdl-skip` names kernels that launch without PDL in every run
 (kernels/dependent_launch.SKIPPED). `--ab` names A/B experiments, each timing every stage
-twice per arm, alternating (the second round's keys end in `_again`): `chain`, the temporal
-layer's few-rows path without its norms in the GEMMs' epilogues (`_unchained`), with them
-(`_chained`, transformer.TemporalLayer.chained), its qkv GEMM also off cuBLAS
-(`_chained_qkv`), and its gate/up too (`_chained_swapped`); `skip`, the skipped
+twice per arm, alternating (the second round's keys end in `_again`): `skip`, the skipped
 kernels skipped at every slot count (`<stage>_skipping`, dependent_launch.ALL_UP_TO 0)
 against PDL everywhere (`_pdl_all`); `blas`, torch's default BLAS library choice
 (`_blas_default`) against cuBLASLt preferred (`_cublaslt`); `window`, Mimi's convolution
@@ -62,7 +59,6 @@ from engine.models.moshi.mimi.codec import MimiCodec
 from engine.models.moshi.mimi.seanet import StreamingConv1d
 from engine.models.moshi.model import randomize
 from engine.models.moshi.sampling import Sampling, sample
-from engine.models.moshi.transformer import CHAIN_NORMS, SWAPPED_GEMMS, Swapped
 from engine.models.moshi.transformer import FEW_ROWS as TEMPORAL_FEW_ROWS
 from kernels import dependent_launch
 from kernels.fused_linear import MAX_ROWS, Tiles
@@ -88,18 +84,16 @@ def convolutions(mimi: MimiCodec) -> list[StreamingConv1d]:
     return [module for module in mimi.modules() if isinstance(module, StreamingConv1d)]
 
 
-def serve(lm: MoshiLm, mimi: MimiCodec) -> None:
+def serve(mimi: MimiCodec) -> None:
     """Every experiment's knob as served."""
     dependent_launch.ALL_UP_TO = SERVED_ALL_UP_TO
-    lm.transformer.chain_norms = CHAIN_NORMS
-    lm.transformer.swapped = SWAPPED_GEMMS
     torch.backends.cuda.preferred_blas_library("default")
     for module in convolutions(mimi):
         module.window_kernel = None
 
 
-def experiments(slots: int, lm: MoshiLm, mimi: MimiCodec, names: list[str]) -> list[Arms]:
-    """The A/B experiments asked for (`--ab`), each as its arms (key suffix, setter)."""
+def experiments(slots: int, mimi: MimiCodec, names: list[str]) -> list[Arms]:
+    """The A/B experiments asked for (`--ab`), each as its two arms (key suffix, setter)."""
 
     def all_up_to(rows: int) -> Callable[[], None]:
         return lambda: setattr(dependent_launch, "ALL_UP_TO", rows)
@@ -117,23 +111,10 @@ def experiments(slots: int, lm: MoshiLm, mimi: MimiCodec, names: list[str]) -> l
 
         return apply
 
-    def chain(on: bool, qkv: bool = False, gate: bool = False) -> Callable[[], None]:
-        def apply() -> None:
-            lm.transformer.chain_norms = on
-            lm.transformer.swapped = Swapped(qkv=qkv, gate=gate)
-
-        return apply
-
     known: dict[str, Arms] = {
         "skip": [("_skipping", all_up_to(0)), ("_pdl_all", all_up_to(slots))],
         "blas": [("_blas_default", blas("default")), ("_cublaslt", blas("cublaslt"))],
         "window": [("_window", window(True)), ("_no_window", window(False))],
-        "chain": [
-            ("_unchained", chain(False)),
-            ("_chained", chain(True)),
-            ("_chained_qkv", chain(True, qkv=True)),
-            ("_chained_swapped", chain(True, qkv=True, gate=True)),
-        ],
     }
     return [known[name] for name in names]
 
@@ -185,14 +166,14 @@ def stages(
                 row[name + suffix] = timed(stage)
                 log.info("%d slots %s %s", slots, name + suffix, row[name + suffix])
             # with PDL on only: off, the skip arms would be one setting twice
-            for arms in experiments(slots, lm, mimi, ab) if enabled else []:
+            for arms in experiments(slots, mimi, ab) if enabled else []:
                 for round_, (arm, apply) in enumerate(arms * 2):
                     apply()
-                    key = suffix + arm + ("_again" if round_ >= len(arms) else "")
+                    key = suffix + arm + ("_again" if round_ >= 2 else "")
                     for name, stage in plan.items():
                         row[name + key] = timed(stage)
                         log.info("%d slots %s %s", slots, name + key, row[name + key])
-                serve(lm, mimi)
+                serve(mimi)
             if per_op and "depformer" in plan:
                 lm.depformer.few_rows = 0
                 row["depformer_per_op" + suffix] = timed(plan["depformer"])
@@ -230,7 +211,7 @@ def main() -> int:
     parser.add_argument("--pdl", choices=["on", "off", "both"], default="on")
     parser.add_argument("--pdl-skip", help="kernels launched without PDL (default: the module's)")
     parser.add_argument("--tiles", default="", help="block_n:block_k:warps[:programs_per_sm],...")
-    parser.add_argument("--ab", default="", help="A/B experiments: chain,skip,blas,window")
+    parser.add_argument("--ab", default="", help="A/B experiments: skip,blas,window")
     args = parser.parse_args()
     tiles = [parse_tiles(spec) for spec in args.tiles.split(",") if spec]
     if args.pdl_skip is not None:

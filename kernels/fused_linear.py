@@ -162,10 +162,6 @@ class Tiles:
     splits: int = 1
 
 
-# the swapped tiles default_tiles takes from SWAP_K, and fused_linear_norm at every k
-SWAPPED = Tiles(block_n=64, block_k=128, dot=True, stages=6, swap=True, splits=2)
-
-
 def default_tiles(rows: int, n: int, k: int) -> Tiles:
     """The tiles the launcher takes when given none (measured: see the module docstring).
 
@@ -178,7 +174,7 @@ def default_tiles(rows: int, n: int, k: int) -> Tiles:
     the broadcast product outgrows the registers: the tensor cores."""
     del n
     if k >= SWAP_K:
-        return SWAPPED
+        return Tiles(block_n=64, block_k=128, dot=True, stages=6, swap=True, splits=2)
     if rows == 1:
         return Tiles(block_n=2, block_k=1024, dot=False, programs_per_sm=8)
     if rows <= CUDA_CORE_ROWS:
@@ -466,8 +462,6 @@ def _swapped_linear_kernel(  # type: ignore[no-untyped-def,unused-ignore]
     out_ptr,
     partial_ptr,
     arrived_ptr,
-    out_alpha_ptr,
-    normed_ptr,
     rows,
     n,
     k,
@@ -476,7 +470,6 @@ def _swapped_linear_kernel(  # type: ignore[no-untyped-def,unused-ignore]
     stride_weight,
     stride_residual,
     eps,
-    out_eps,
     block_m: tl.constexpr,
     block_n: tl.constexpr,
     block_k: tl.constexpr,
@@ -487,8 +480,6 @@ def _swapped_linear_kernel(  # type: ignore[no-untyped-def,unused-ignore]
     has_residual: tl.constexpr,
     gated: tl.constexpr,
     gelu: tl.constexpr,
-    norm_out: tl.constexpr,
-    norm_n: tl.constexpr,
     widen: tl.constexpr,
     pdl: tl.constexpr,
 ):
@@ -503,12 +494,7 @@ def _swapped_linear_kernel(  # type: ignore[no-untyped-def,unused-ignore]
     fp32 sums in `partial_ptr` and counts itself in `arrived_ptr` (one int32 per column block,
     zero between launches); the unit that arrives last (kernels/arrivals.py's last_to_arrive,
     which also sets the count back to zero) adds the parts in their order (the sums do not
-    depend on which unit is last) and runs the epilogue.
-
-    With `norm_out` the output rows are also RMS-normed into `normed_ptr` (gain
-    `out_alpha_ptr`, epsilon `out_eps`): each column block, once stored, counts itself in
-    `arrived_ptr[blocks]`, and the program that stores the last block norms every row
-    (_norm_output), so the next layer's norm takes no launch of its own."""
+    depend on which unit is last) and runs the epilogue."""
     program = tl.program_id(0)
     programs = tl.num_programs(0)
     row = tl.arange(0, block_m)
@@ -563,26 +549,6 @@ def _swapped_linear_kernel(  # type: ignore[no-untyped-def,unused-ignore]
                 tl.trans(acc), tl.trans(acc_up), residual_ptr, out_ptr, stride_residual, n, row,
                 row_in, col, has_residual, gated, gelu,
             )  # fmt: skip
-            if norm_out:
-                blocks = tl.cdiv(n, block_n)
-                if last_to_arrive(arrived_ptr, blocks, blocks):
-                    _norm_output(out_ptr, out_alpha_ptr, normed_ptr, rows, n, out_eps, norm_n)
-
-
-@triton.jit  # type: ignore[untyped-decorator,unused-ignore]
-def _norm_output(out_ptr, alpha_ptr, normed_ptr, rows, n, eps, norm_n: tl.constexpr):  # type: ignore[no-untyped-def,unused-ignore]
-    """normed = out * (alpha * rsqrt(eps + mean(out^2))) per row of the stored output, in fp32
-    and rounded to its dtype, as kernels/rms_norm.py; a whole row a load, from L2 (`.cg`:
-    other multiprocessors stored it)."""
-    cols = tl.arange(0, norm_n)
-    inside = cols < n
-    alpha = tl.load(alpha_ptr + cols, mask=inside, other=0.0).to(tl.float32)
-    for r in range(0, rows):
-        y = tl.load(out_ptr + r * n + cols, mask=inside, other=0.0, cache_modifier=".cg")
-        y_f32 = y.to(tl.float32)
-        var = eps + tl.sum(y_f32 * y_f32, axis=0) / n
-        normed = y_f32 * (alpha * tl.rsqrt(var))
-        tl.store(normed_ptr + r * n + cols, normed.to(y.dtype), mask=inside)
 
 
 @triton.jit  # type: ignore[untyped-decorator,unused-ignore]
@@ -645,10 +611,7 @@ def _launch(
     gated: bool,
     gelu: bool,
     tiles: Tiles | None,
-    out_norm: tuple[Tensor, float] | None = None,
-) -> tuple[Tensor, Tensor, Tensor]:
-    """(total, out, normed): `normed` the output's RMSNorm with `out_norm`'s gain and
-    epsilon (swapped tiles only), else `out` again."""
+) -> tuple[Tensor, Tensor]:
     k = x.shape[-1]
     rows = _rows(x, k, "x")
     count = rows.shape[0]
@@ -688,14 +651,6 @@ def _launch(
         assert residual.device == x.device, "tensors on one device"
         residual_rows = _rows(residual, n, "residual")
     tiles = default_tiles(count, n, k) if tiles is None else tiles
-    normed = out
-    out_alpha, out_eps = (out, 0.0) if out_norm is None else out_norm
-    if out_norm is not None:
-        assert tiles.swap, f"the output's norm takes swapped tiles, {tiles}"
-        assert out_alpha.numel() == n, (tuple(out_alpha.shape), n)
-        assert out_alpha.is_contiguous(), "the output norm's gain must be contiguous"
-        assert out_alpha.device == x.device, "tensors on one device"
-        normed = torch.empty_like(out)
     block_m = triton.next_power_of_2(count)
     if tiles.dot:
         block_m = max(16, block_m)  # the tensor cores' smallest tile
@@ -714,18 +669,11 @@ def _launch(
         kernel = _swapped_linear_kernel
         # per unit, [block_n, block_m] fp32 sums of the product and as many of the up half
         sums = blocks * tiles.splits * 2 * tiles.block_n * block_m
-        # the column blocks' counts, then (out_norm) the count of blocks stored
-        workspace = [*_split_workspace(x.device, sums, blocks + 1), out_alpha, normed]
+        workspace = list(_split_workspace(x.device, sums, blocks))
         stages = fitted_stages(
             tiles, block_m, gated, pending is not None, alpha is not None, x.element_size()
         )
-        modes = {
-            "norm_k": min(NORM_K, triton.next_power_of_2(k)),
-            "splits": tiles.splits,
-            "out_eps": out_eps,
-            "norm_out": out_norm is not None,
-            "norm_n": triton.next_power_of_2(n),
-        }
+        modes = {"norm_k": min(NORM_K, triton.next_power_of_2(k)), "splits": tiles.splits}
     else:
         kernel = _fused_linear_kernel
         workspace = []
@@ -764,7 +712,7 @@ def _launch(
         num_warps=tiles.warps,
         num_stages=stages,
     )
-    return total, out, normed
+    return total, out
 
 
 def fused_linear(
@@ -783,25 +731,6 @@ def fused_linear(
     return _launch(x, weight, alpha, eps, None, residual, gated, gelu, tiles)[1]
 
 
-def fused_linear_norm(
-    x: Tensor,
-    weight: Tensor,
-    out_alpha: Tensor,
-    out_eps: float,
-    *,
-    residual: Tensor | None = None,
-    tiles: Tiles | None = None,
-) -> tuple[Tensor, Tensor]:
-    """x: [..., k] -> (out, rms_norm(out)): out = linear(x) (+ `residual`), normed with
-    gain `out_alpha` and `out_eps` as kernels/rms_norm.py does, one launch on the swapped
-    tiles (_swapped_linear_kernel's `norm_out`; by default SWAPPED, at every k)."""
-    tiles = SWAPPED if tiles is None else tiles
-    _, out, normed = _launch(
-        x, weight, None, 0.0, None, residual, False, False, tiles, (out_alpha, out_eps)
-    )
-    return out, normed
-
-
 def add_fused_linear(
     x: Tensor,
     pending: Tensor,
@@ -813,5 +742,4 @@ def add_fused_linear(
     tiles: Tiles | None = None,
 ) -> tuple[Tensor, Tensor]:
     """x, pending: [..., k] -> (x + pending, linear(rms_norm(x + pending))), one launch."""
-    total, out, _ = _launch(x, weight, alpha, eps, pending, None, gated, False, tiles)
-    return total, out
+    return _launch(x, weight, alpha, eps, pending, None, gated, False, tiles)

@@ -21,10 +21,8 @@ from kernels.fused_linear import (
     Tiles,
     add_fused_linear,
     fused_linear,
-    fused_linear_norm,
     fused_linear_reference,
 )
-from kernels.rms_norm import rms_norm_reference
 
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 EPS = 1e-8
@@ -198,42 +196,6 @@ def _split_launches_agree(tiles: Tiles, n: int, k: int, dtype: torch.dtype) -> N
         assert int(arrived.abs().sum()) == 0, arrived
 
 
-def _check_norm_out(rows: int, n: int, k: int, dtype: torch.dtype, tiles: Tiles | None) -> None:
-    """fused_linear_norm: its output is fused_linear's with the residual (the same sums),
-    its normed rows rms_norm's of that output; the counts are back at zero after it."""
-    x = _randn(rows, 1, k, dtype=dtype, seed=21, scale=2.0)
-    weight = _randn(n, k, dtype=dtype, seed=22, scale=k**-0.5)
-    residual = _randn(rows, 1, n, dtype=dtype, seed=23)
-    alpha = _randn(n, dtype=dtype, seed=24)
-    out, normed = fused_linear_norm(x, weight, alpha, EPS, residual=residual, tiles=tiles)
-    assert torch.equal(out, fused_linear(x, weight, residual=residual, tiles=tiles))
-    _assert_near(out, fused_linear_reference(x, weight, residual=residual)[1])
-    _assert_near(normed, rms_norm_reference(out, alpha, EPS))
-    for _, arrived in _WORKSPACES[x.device]:
-        assert int(arrived.abs().sum()) == 0, arrived
-
-
-@interpreter
-@needs_cpu
-@pytest.mark.parametrize("rows", [1, 3])
-@pytest.mark.parametrize("tiles", [SMALL_TILES[2], SMALL_TILES[3], FEW_PROGRAM_TILES[3]])
-def test_interpreted_output_norm(rows: int, tiles: Tiles) -> None:
-    # 40 columns: 3 blocks, the last short; the norm's row 64 wide, masked to 40
-    _check_norm_out(rows, 40, 72, torch.float32, tiles)
-
-
-@interpreter
-@needs_cpu
-def test_output_norm_refuses_other_tiles() -> None:
-    x = _randn(2, 1, 32, dtype=torch.float32, seed=25)
-    weight = _randn(16, 32, dtype=torch.float32, seed=26)
-    alpha = _randn(16, dtype=torch.float32, seed=27)
-    with pytest.raises(AssertionError, match="swapped tiles"):
-        fused_linear_norm(x, weight, alpha, EPS, tiles=SMALL_TILES[0])
-    with pytest.raises(AssertionError, match="16"):
-        fused_linear_norm(x, weight, alpha[:8], EPS, tiles=SMALL_TILES[2])
-
-
 @interpreter
 @needs_cpu
 def test_interpreted_split_counts_return_to_zero() -> None:
@@ -299,17 +261,6 @@ def test_gelu_refuses_the_gate_and_the_residual() -> None:
 )
 def test_seven_b_shapes_bf16(mode: str, n: int, k: int, rows: int) -> None:
     _check(mode, rows, n, k, torch.bfloat16, None)
-
-
-@gpu
-@needs_cuda
-@pytest.mark.parametrize("rows", [1, 4])
-@pytest.mark.parametrize(("n", "k"), [(4096, 4096), (4096, 11264)])
-def test_seven_b_output_norm_bf16(rows: int, n: int, k: int) -> None:
-    # the temporal layer's out_proj and down projection, normed for the next norm, on the
-    # default (swapped, split) tiles; twice, so the counts are seen back at zero between
-    _check_norm_out(rows, n, k, torch.bfloat16, None)
-    _check_norm_out(rows, n, k, torch.bfloat16, None)
 
 
 @gpu

@@ -22,9 +22,6 @@ slots, the same 46.2 ms step; at 1 slot 12.5 vs 20.5 us per layer; while calls a
 skips what is unwritten (46 us per layer at 128 slots with ~50 frames per ring).
 """
 
-from dataclasses import dataclass
-from typing import cast
-
 import torch
 from torch import Tensor, nn
 from torch.nn import functional
@@ -90,20 +87,6 @@ def gated_ffn(
     return residual
 
 
-@dataclass(frozen=True)
-class Swapped:
-    """Which of the chained layer's cuBLAS GEMMs run on the swapped tiles instead."""
-
-    qkv: bool
-    gate: bool
-
-
-# TemporalTransformer's defaults: the few-rows path chained (TemporalLayer.chained), and which
-# of its GEMMs leave cuBLAS
-CHAIN_NORMS = True
-SWAPPED_GEMMS = Swapped(qkv=True, gate=False)
-
-
 class TemporalLayer(nn.Module):
     def __init__(
         self,
@@ -161,7 +144,16 @@ class TemporalLayer(nn.Module):
         for all 16 padded rows; and the first 4 to 32 MB of each GEMM's weight sent to L2
         from a side stream ahead of it (bulk prefetch, commit 37df884, `--prefetch`):
         4.43 ms without, 4.43 / 4.57 / 4.77 / 4.91 with 4 / 8 / 16 / 32 MB
-        (engine_stages_1_prefetch.json). Rounded where the per-op path rounds, but the down
+        (engine_stages_1_prefetch.json). A third, commit 0f902f7, reverted: each norm in the
+        epilogue of the GEMM before it (the swapped kernel's last column block to finish
+        normed the whole output row; 63 launches fewer) ran the stage slower, 4.23-4.24 ms
+        against 4.17 at 1 slot and 5.02 against 4.89-4.92 at 4, with qkv also on the swapped
+        tiles 4.23 (as fast as cuBLAS there) and gate/up too 4.29; 1 call on the 80 ms clock
+        p50 6.60-6.62 against 6.54-6.56 ms (`python3 bench/engine_stages.py --slots 1,4
+        --stages temporal --ab chain` as it was, engine_stages_chain_0f902f7.json,
+        bench_engine_bf16_1_chain_{0f902f7,221735d}_{1,2}.json): under PDL a launch boundary
+        costs less than one program's serial tail of an atomic and a reload of the row.
+        Rounded where the per-op path rounds, but the down
         projection's sum, rounded before the residual is added (the per-op path's addmm
         rounds once)."""
         # imported here: triton is absent from CPU-only installs, which never take this path
@@ -179,52 +171,6 @@ class TemporalLayer(nn.Module):
         normed = rms_norm(x, self.norm2.alpha, self.norm2.eps, True)
         gated = gated_silu(gating.linear_in(normed))
         return fused_linear(gated, gating.linear_out.weight, residual=x)
-
-    def chained(
-        self,
-        x: Tensor,
-        normed: Tensor,
-        start: Tensor,
-        keys: Tensor,
-        values: Tensor,
-        ring: RingRead,
-        next_norm: RmsNorm | None,
-        swap: Swapped,
-    ) -> tuple[Tensor, Tensor | None]:
-        """The few-rows layer with each norm in the epilogue of the GEMM before it
-        (TemporalTransformer.chain_norms): `normed` is this layer's first norm of x, made by
-        the layer before (or the caller); the out projection returns the second norm with its
-        output, and the down projection `next_norm` of the layer's output (None for the last
-        layer: then only the output). `swap` puts the qkv and gate/up GEMMs on
-        kernels/fused_linear.py's swapped tiles instead of cuBLAS (the SiLU gate their
-        epilogue). Two launches fewer a layer than _few_rows, the same rounding points."""
-        # imported here: triton is absent from CPU-only installs, which never take this path
-        from kernels.fused_linear import fused_linear, fused_linear_norm
-        from kernels.gated_silu import gated_silu
-
-        attention, gating = self.self_attn, self.gating
-        batch, _, dim = x.shape
-        heads = attention.num_heads
-        if swap.qkv:
-            qkv = fused_linear(normed, attention.in_proj.weight)
-        else:
-            qkv = attention.in_proj(normed)
-        qkv = qkv.view(batch, 1, 3, heads, dim // heads)
-        attended = attention.decode(qkv, start, keys, values, ring)  # [B, H, 1, D]
-        attended = attended.transpose(1, 2).reshape(batch, 1, dim)  # the heads side by side
-        norm2 = self.norm2
-        x, normed = fused_linear_norm(
-            attended, attention.out_proj.weight, norm2.alpha, norm2.eps, residual=x
-        )
-        if swap.gate:
-            gated = fused_linear(normed, gating.linear_in.weight, gated=True)
-        else:
-            gated = gated_silu(gating.linear_in(normed))
-        if next_norm is None:
-            return fused_linear(gated, gating.linear_out.weight, residual=x), None
-        return fused_linear_norm(
-            gated, gating.linear_out.weight, next_norm.alpha, next_norm.eps, residual=x
-        )
 
 
 class TemporalTransformer(nn.Module):
@@ -251,10 +197,6 @@ class TemporalTransformer(nn.Module):
         # the largest batch whose decode steps take TemporalLayer's few-rows path (0: never).
         # Read at every step, like decode_kernel
         self.few_rows = FEW_ROWS
-        # the few-rows path with the norms in the GEMMs' epilogues (TemporalLayer.chained),
-        # and which of its GEMMs leave cuBLAS; read at every step, like decode_kernel
-        self.chain_norms = CHAIN_NORMS
-        self.swapped = SWAPPED_GEMMS
         self.layers = nn.ModuleList(
             TemporalLayer(dim, num_heads, ffn_hidden, max_period, device, dtype)
             for _ in range(num_layers)
@@ -329,31 +271,10 @@ class TemporalTransformer(nn.Module):
         start = self.positions[rows]
         mask = None if decode else ring_mask(start, x.shape[1], self.context, self.context)
         few_rows = decode and x.shape[0] <= self.few_rows
-        layers = cast(list[TemporalLayer], list(self.layers))
-        if few_rows and self.chain_norms and all(fused_on(x, layer.fused) for layer in layers):
-            return self._chained(x, start, rows, layers)
-        for index, layer in enumerate(layers):
-            ring = self._ring(index, rows, mask)
+        for index, layer in enumerate(self.layers):
+            scales = None
+            if self.key_scale is not None and self.value_scale is not None:
+                scales = (self.key_scale[index, rows], self.value_scale[index, rows])
+            ring = RingRead(self.context, scales, mask)
             x = layer(x, start, self.keys[index, rows], self.values[index, rows], ring, few_rows)
         return x
-
-    def _chained(
-        self, x: Tensor, start: Tensor, rows: slice, layers: list[TemporalLayer]
-    ) -> Tensor:
-        """The decode step of a few slots through TemporalLayer.chained: one norm launch in
-        front, the others in the GEMMs before them."""
-        first = layers[0].norm1
-        normed: Tensor | None = rms_norm(x, first.alpha, first.eps, True)
-        for index, layer in enumerate(layers):
-            assert normed is not None  # every layer but the last returns the next one's
-            following = layers[index + 1].norm1 if index + 1 < len(layers) else None
-            keys, values = self.keys[index, rows], self.values[index, rows]
-            ring = self._ring(index, rows, None)
-            x, normed = layer.chained(x, normed, start, keys, values, ring, following, self.swapped)
-        return x
-
-    def _ring(self, index: int, rows: slice, mask: Tensor | None) -> RingRead:
-        scales = None
-        if self.key_scale is not None and self.value_scale is not None:
-            scales = (self.key_scale[index, rows], self.value_scale[index, rows])
-        return RingRead(self.context, scales, mask)
