@@ -117,7 +117,6 @@ SMALL_SPLIT_SHAPES = ((8, (16, 1, 4)), (16, (32, 1, 4)))
 SPLIT_SHAPE = (32, 2, 4)
 # a running max below any real score but finite: a fully masked tile rescales by exp2(0) = 1
 EMPTY_MAX = -1.0e30
-DOT_ROWS = 16  # tl.dot's smallest M: the T queries padded to it with `dot`
 
 
 def rope_tables(positions: Tensor, freqs: Tensor) -> tuple[Tensor, Tensor]:
@@ -196,8 +195,7 @@ def _ring_attention_step_kernel(  # type: ignore[no-untyped-def,unused-ignore]
     splits_pow2: tl.constexpr,
     empty: tl.constexpr,
     direct: tl.constexpr,
-    dot: tl.constexpr,
-    query_rows: tl.constexpr,
+    per_row: tl.constexpr,
     stages: tl.constexpr,
     pdl: tl.constexpr,
 ):
@@ -210,25 +208,16 @@ def _ring_attention_step_kernel(  # type: ignore[no-untyped-def,unused-ignore]
     half: tl.constexpr = head_dim // 2
     pairs = tl.arange(0, half)
     dims = tl.arange(0, head_dim)
-    start = tl.load(start_ptr + slot)
-    # the queries, T of them (`dot`: padded to query_rows, the smallest tl.dot; the rows
-    # past T are masked out of every load and store), and this step's keys and values
-    queries = tl.arange(0, query_rows)
-    real = queries < steps
     tokens = tl.arange(0, steps)
-    query = (slot * steps + queries).to(tl.int64)  # [query_rows]
+    start = tl.load(start_ptr + slot)
     token = (slot * steps + tokens).to(tl.int64)  # [T]
-    at_q = query[:, None] * (3 * dim) + head * head_dim + dims[None, :]
     base = token[:, None] * (3 * dim) + head * head_dim + dims[None, :]
     table = token[:, None] * half + pairs[None, :]
     cos = tl.load(cos_ptr + table)
     sin = tl.load(sin_ptr + table)
-    q_table = query[:, None] * half + pairs[None, :]
-    q_cos = tl.load(cos_ptr + q_table, mask=real[:, None], other=0.0)
-    q_sin = tl.load(sin_ptr + q_table, mask=real[:, None], other=0.0)
     # every program of the row rotates this step's q and k: they stay in registers
-    q = _rotate(tl.load(qkv_ptr + at_q, mask=real[:, None], other=0.0), q_cos, q_sin)
-    k_new = _rotate(tl.load(qkv_ptr + base + dim), cos, sin)  # [T, head_dim]
+    q = _rotate(tl.load(qkv_ptr + base), cos, sin)  # [T, head_dim]
+    k_new = _rotate(tl.load(qkv_ptr + base + dim), cos, sin)
     v_new = tl.load(qkv_ptr + base + 2 * dim)
     ring = row.to(tl.int64) * capacity * head_dim
     if split == 0:  # the only writer; no program reads these entries in this step
@@ -239,10 +228,10 @@ def _ring_attention_step_kernel(  # type: ignore[no-untyped-def,unused-ignore]
     # Query i (position start + i) lies reach_i = T - 1 - i positions before the last one.
     # This step's keys (ages 0..T-1 from the last query's entry) come from registers, in
     # split 0 only: key j is seen by query i when 0 <= i - j < context.
-    reach = steps - 1 - queries  # [query_rows]; padded rows reach nothing (masked below)
-    own = tl.sum(q[:, None, :] * k_new[None, :, :], axis=2) * qk_scale_log2  # [rows, T]
-    seen = (tokens[None, :] <= queries[:, None]) & (queries[:, None] - tokens[None, :] < context)
-    own = tl.where(seen & real[:, None] & (split == 0), own, float("-inf"))
+    reach = steps - 1 - tokens  # [T]
+    own = tl.sum(q[:, None, :] * k_new[None, :, :], axis=2) * qk_scale_log2  # [T, T]
+    seen = (tokens[None, :] <= tokens[:, None]) & (tokens[:, None] - tokens[None, :] < context)
+    own = tl.where(seen & (split == 0), own, float("-inf"))
     run_max = tl.maximum(tl.max(own, axis=1), empty)
     own = tl.exp2(own - run_max[:, None])
     run_sum = tl.sum(own, axis=1)
@@ -260,6 +249,12 @@ def _ring_attention_step_kernel(  # type: ignore[no-untyped-def,unused-ignore]
     unwrapped = oldest <= final
     lo = tl.where(unwrapped, tl.maximum(lo, final - oldest), lo)
     hi = tl.where(unwrapped, tl.minimum(hi, final - steps + 1), hi)
+    # per_row: each of the tile's block_n rows keeps its own running max, sum and output
+    # (the keys it sees form a part of the row's, as a split's do), merged once after the
+    # loop, so no step of the loop reduces across the tile's rows
+    row_max = tl.full([steps, block_n], empty, tl.float32)
+    row_sum = tl.zeros([steps, block_n], dtype=tl.float32)
+    row_acc = tl.zeros([steps, block_n if per_row else 1, head_dim], dtype=tl.float32)
     for first in tl.range(lo, hi, block_n, num_stages=stages):
         index = first + tl.arange(0, block_n)
         age = final - index
@@ -269,32 +264,38 @@ def _ring_attention_step_kernel(  # type: ignore[no-untyped-def,unused-ignore]
         # both loads before any arithmetic: the tile's K and V are in flight together
         k = tl.load(keys_ptr + entry, mask=live[:, None], other=0.0)  # [block_n, head_dim]
         v = tl.load(values_ptr + entry, mask=live[:, None], other=0.0)
-        if dot:  # fp32 products on the CUDA cores, in the dot's layout (no [T, n, d] tile)
-            scores = tl.dot(q, tl.trans(k), input_precision="ieee")
-        else:
-            scores = tl.sum(q[:, None, :] * k[None, :, :], axis=2)  # [rows, block_n]
-        scores = scores * qk_scale_log2
-        valid = live[None, :] & (age[None, :] < context + reach[:, None]) & real[:, None]
+        scores = tl.sum(q[:, None, :] * k[None, :, :], axis=2) * qk_scale_log2  # [T, block_n]
+        valid = live[None, :] & (age[None, :] < context + reach[:, None])
         scores = tl.where(valid, scores, float("-inf"))
-        new_max = tl.maximum(run_max, tl.max(scores, axis=1))
-        rescale = tl.exp2(run_max - new_max)
-        weights = tl.exp2(scores - new_max[:, None])
-        run_sum = run_sum * rescale + tl.sum(weights, axis=1)
-        if dot:
-            update = tl.dot(weights, v, input_precision="ieee")
+        if per_row:
+            new_rows = tl.maximum(row_max, scores)
+            rescale_rows = tl.exp2(row_max - new_rows)
+            weights = tl.exp2(scores - new_rows)
+            row_sum = row_sum * rescale_rows + weights
+            row_acc = row_acc * rescale_rows[:, :, None] + weights[:, :, None] * v[None, :, :]
+            row_max = new_rows
         else:
-            update = tl.sum(weights[:, :, None] * v[None, :, :], axis=1)
-        acc = acc * rescale[:, None] + update
-        run_max = new_max
+            new_max = tl.maximum(run_max, tl.max(scores, axis=1))
+            rescale = tl.exp2(run_max - new_max)
+            weights = tl.exp2(scores - new_max[:, None])
+            run_sum = run_sum * rescale + tl.sum(weights, axis=1)
+            acc = acc * rescale[:, None] + tl.sum(weights[:, :, None] * v[None, :, :], axis=1)
+            run_max = new_max
+    if per_row:  # the rows' parts and this step's keys, to their common max
+        top = tl.maximum(run_max, tl.max(row_max, axis=1))  # [T]
+        own_scale = tl.exp2(run_max - top)
+        row_scale = tl.exp2(row_max - top[:, None])  # [T, block_n]
+        run_sum = run_sum * own_scale + tl.sum(row_sum * row_scale, axis=1)
+        acc = acc * own_scale[:, None] + tl.sum(row_acc * row_scale[:, :, None], axis=1)
+        run_max = top
     if direct:  # one split: every query saw at least its own key, run_sum > 0
-        out = acc / tl.where(real, run_sum, 1.0)[:, None]
-        stored = out_ptr + query[:, None] * dim + head * head_dim + dims[None, :]
-        tl.store(stored, out, mask=real[:, None])
+        out = acc / run_sum[:, None]
+        tl.store(out_ptr + token[:, None] * dim + head * head_dim + dims[None, :], out)
     else:
-        partial = (row * splits + split).to(tl.int64) * steps + queries  # [query_rows]
-        tl.store(max_ptr + partial, run_max, mask=real)
-        tl.store(sum_ptr + partial, run_sum, mask=real)
-        tl.store(acc_ptr + partial[:, None] * head_dim + dims[None, :], acc, mask=real[:, None])
+        partial = (row * splits + split).to(tl.int64) * steps + tokens  # [T]
+        tl.store(max_ptr + partial, run_max)
+        tl.store(sum_ptr + partial, run_sum)
+        tl.store(acc_ptr + partial[:, None] * head_dim + dims[None, :], acc)
         if last_to_arrive(arrived_ptr, row, splits):
             _merge_splits(
                 max_ptr, sum_ptr, acc_ptr, out_ptr, row, splits, heads, head_dim, steps,
@@ -364,13 +365,13 @@ def ring_attention_step(
     block_n: int | None = None,
     tiles_per_split: int | None = None,
     num_warps: int | None = None,
-    dot: bool = False,
+    per_row: bool = False,
     stages: int = 1,
 ) -> Tensor:
     """RoPE, ring write and attention of one step (module docstring) -> fp32 [slots, T, dim].
     `block_n`, `tiles_per_split` and `num_warps` shape the program (None: step_shape's);
-    `dot`: the tile products as fp32 tl.dot (queries padded to DOT_ROWS) rather than
-    broadcast sums; `stages`: the tile loop software-pipelined that deep (1: not)."""
+    `per_row`: each tile row's softmax state kept apart until the loop ends; `stages`: the
+    tile loop software-pipelined that deep (1: not)."""
     slots, steps, width = qkv.shape
     _, heads, capacity, head_dim = keys.shape
     shape = step_shape(slots * heads, qkv.device)
@@ -394,7 +395,6 @@ def ring_attention_step(
     assert 1 <= context <= capacity, (context, capacity)
     assert block_n in (16, 32, 64, 128, 256), f"block_n {block_n} must be a power of two"
     assert tiles_per_split >= 1, tiles_per_split
-    assert not dot or head_dim >= DOT_ROWS, f"dot: head_dim {head_dim} below tl.dot's {DOT_ROWS}"
     assert stages >= 1, stages
     rows = slots * heads
     split_frames = block_n * tiles_per_split
@@ -432,8 +432,7 @@ def ring_attention_step(
         splits_pow2=triton.next_power_of_2(splits),
         empty=EMPTY_MAX,
         direct=direct,
-        dot=dot,
-        query_rows=max(DOT_ROWS, steps) if dot else steps,
+        per_row=per_row,
         stages=stages,
         num_warps=num_warps,
         pdl=pdl,

@@ -56,35 +56,32 @@ STARTS = [0, 2, 4, 5, 6, 7, 131]
 @pytest.mark.parametrize(("capacity", "context"), [(8, 8), (8, 5), (40, 23), (250, 250)])
 @pytest.mark.parametrize("head_dim", [8, 64])
 @pytest.mark.parametrize(
-    ("block_n", "tiles_per_split"),
+    ("block_n", "tiles_per_split", "per_row", "stages"),
     # the module's default (unsplit at 250 entries); splits of one tile (this step's keys in
-    # split 0 only, the others merged); of several tiles; one program over the whole ring
-    [(None, None), (64, 1), (16, 1), (16, 2), (32, 2), (16, 16)],
+    # split 0 only, the others merged); of several tiles; one program over the whole ring;
+    # each with the rows' states apart, the loop pipelined, or both
+    [
+        (None, None, False, 1),
+        (64, 1, False, 1),
+        (16, 1, False, 1),
+        (16, 2, False, 1),
+        (32, 2, False, 1),
+        (16, 16, False, 1),
+        (64, 4, True, 1),
+        (64, 4, False, 2),
+        (64, 4, True, 2),
+        (16, 1, True, 1),
+        (16, 16, True, 3),
+    ],
 )
 def test_ring_attention_step_matches_reference(
-    capacity: int, context: int, head_dim: int, block_n: int | None, tiles_per_split: int | None
-) -> None:
-    heads = 2
-    qkv, keys, values, start = _step_inputs(STARTS, heads, head_dim, capacity, seed=capacity)
-    positions = start[:, None] + torch.arange(2, device=DEVICE)
-    cos, sin = rope_tables(positions, _freqs(head_dim))
-    want_keys, want_values = keys.clone(), values.clone()
-    want = ring_attention_step_reference(qkv, cos, sin, want_keys, want_values, start, context)
-    got = ring_attention_step(qkv, cos, sin, keys, values, start, context, block_n, tiles_per_split)
-    assert torch.allclose(keys, want_keys, atol=1e-6, rtol=0)
-    assert torch.equal(values, want_values)
-    assert torch.allclose(got, want, atol=1e-5, rtol=1e-5), (got - want).abs().max()
-
-
-@pytest.mark.parametrize(("capacity", "context"), [(8, 8), (40, 23), (250, 250)])
-@pytest.mark.parametrize("head_dim", [16, 64])
-@pytest.mark.parametrize(
-    ("block_n", "tiles_per_split", "stages"),
-    # unsplit at 250 entries, pipelined; splits of one tile; of several tiles, pipelined
-    [(64, 4, 2), (16, 1, 1), (16, 2, 3)],
-)
-def test_dot_form_matches_reference(
-    capacity: int, context: int, head_dim: int, block_n: int, tiles_per_split: int, stages: int
+    capacity: int,
+    context: int,
+    head_dim: int,
+    block_n: int | None,
+    tiles_per_split: int | None,
+    per_row: bool,
+    stages: int,
 ) -> None:
     heads = 2
     qkv, keys, values, start = _step_inputs(STARTS, heads, head_dim, capacity, seed=capacity)
@@ -94,18 +91,11 @@ def test_dot_form_matches_reference(
     want = ring_attention_step_reference(qkv, cos, sin, want_keys, want_values, start, context)
     got = ring_attention_step(
         qkv, cos, sin, keys, values, start, context, block_n, tiles_per_split,
-        dot=True, stages=stages,
+        per_row=per_row, stages=stages,
     )  # fmt: skip
     assert torch.allclose(keys, want_keys, atol=1e-6, rtol=0)
     assert torch.equal(values, want_values)
     assert torch.allclose(got, want, atol=1e-5, rtol=1e-5), (got - want).abs().max()
-
-
-def test_dot_form_refuses_narrow_heads() -> None:
-    qkv, keys, values, start = _step_inputs([3], 2, 8, 8, seed=1)
-    cos, sin = rope_tables(start[:, None] + torch.arange(2, device=DEVICE), _freqs(8))
-    with pytest.raises(AssertionError, match="head_dim 8"):
-        ring_attention_step(qkv, cos, sin, keys, values, start, 8, 16, 1, dot=True)
 
 
 def _step(
