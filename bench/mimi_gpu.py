@@ -16,7 +16,7 @@ before any capture) and, at the largest slot count, the fused stages' ten costli
 Every transformer starts at STEADY_POSITION, past its ring, so attention reads full rings.
 
 First (unless --no-sweep) it times kernels/mimi_transformer.py's ring_attention_step alone,
-per slot count and program shape (SHAPES: block, tiles per split, warps, per_row, stages;
+per slot count and program shape (SHAPES: block, tiles per split, warps, stages;
 `--sweep-only`: and stops there). The codec runs with the kernel's own choice per slot
 count (mimi_transformer.step_shape, whose shapes are set from the committed sweeps by hand),
 recorded as `attention_shapes`.
@@ -50,26 +50,18 @@ log = logging.getLogger("mimi_gpu")
 # frames since reset that every transformer starts at: past the 250-frame ring, so each step
 # attends a full ring (the steady state of a call older than 10 s), not a young call's few
 STEADY_POSITION = 1000
-# (block_n, tiles_per_split, num_warps, per_row, stages) of ring_attention_step;
-# tiles_per_split 4 at block 64 is one program per (slot, head) over the whole 250-frame
-# ring, as the first kernel was; `per_row` each tile row's softmax state kept apart until the
-# loop ends, `stages` the tile loop pipelined
+# (block_n, tiles_per_split, num_warps, stages) of ring_attention_step; tiles_per_split 4
+# at block 64 is one program per (slot, head) over the whole 250-frame ring, as the first
+# kernel was; `stages` the tile loop pipelined that deep
 SHAPES = [
-    (16, 1, 4, False, 1),
-    (32, 1, 4, False, 1),
-    (32, 2, 4, False, 1),
-    (64, 4, 4, False, 1),
-    (64, 4, 4, False, 2),
-    (16, 1, 4, True, 1),
-    (32, 1, 4, True, 1),
-    (32, 2, 4, True, 1),
-    (32, 8, 4, True, 1),
-    (32, 8, 4, True, 2),
-    (64, 4, 4, True, 1),
-    (64, 4, 4, True, 2),
-    (64, 4, 8, True, 1),
-    (64, 4, 8, True, 2),
-    (32, 8, 2, True, 2),
+    (16, 1, 4, 1),
+    (32, 1, 4, 1),
+    (32, 2, 4, 1),
+    (32, 2, 4, 2),
+    (64, 4, 4, 1),
+    (64, 4, 4, 2),
+    (64, 4, 4, 3),
+    (32, 8, 4, 2),
 ]
 LAUNCHES = 20  # ring_attention_step launches per captured graph in the sweep
 
@@ -101,9 +93,9 @@ def sweep_attention(counts: list[int]) -> list[dict[str, Any]]:
         cos, sin = step_kernel.rope_tables(positions, freqs)
         inputs = (qkv, cos, sin, keys, values, start, capacity)
         read_bytes = 2 * keys.numel() * keys.element_size()
-        for block_n, tiles, warps, per_row, stages in SHAPES:
+        for block_n, tiles, warps, stages in SHAPES:
             launch = functools.partial(
-                step_kernel.ring_attention_step, *inputs, block_n, tiles, warps, per_row, stages
+                step_kernel.ring_attention_step, *inputs, block_n, tiles, warps, stages
             )
             us = time_launches(launch)
             row = {
@@ -111,7 +103,6 @@ def sweep_attention(counts: list[int]) -> list[dict[str, Any]]:
                 "block_n": block_n,
                 "tiles_per_split": tiles,
                 "num_warps": warps,
-                "per_row": per_row,
                 "stages": stages,
                 "us": round(us, 1),
                 "read_tb_s": round(read_bytes / us / 1e6, 2),

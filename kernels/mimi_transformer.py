@@ -94,7 +94,7 @@ from kernels.arrivals import arrival_counts, last_to_arrive
 from kernels.dependent_launch import dependent, wait_for_inputs
 from kernels.device import multiprocessors
 
-# The step kernel's shape, (block_n, tiles_per_split, num_warps): block_n ring entries per
+# The step kernel's shape, (block_n, tiles_per_split, num_warps, stages): block_n ring entries per
 # tile, tiles_per_split tiles walked by one program (the ring is split over
 # ceil(tiles / tiles_per_split)). One program per (slot, head) walking 4 tiles of 64, no
 # split, is the best from 32 slots on, where those programs fill the chip; fewer leave most of
@@ -110,11 +110,21 @@ from kernels.device import multiprocessors
 #     64x4x4   17.1   17.6   17.8   18.1   18.2  [21.9] [22.9] [92.5]
 #
 # (64x1x4 took 8.3 at 4 slots, the best there.)
-FULL_CHIP_SHAPE = (64, 4, 4)  # 64 x 64 fp32 K and V tiles in 4 warps' registers
+#
+# The tile loop pipelined two deep (the next tile's K and V loads issued before this one's
+# arithmetic) took the unsplit shape from 91.7 to 86.3 us at 128 slots, 210.2 to 195.8 at 300
+# and 22.7 to 21.3 at 32 (`python3 bench/mimi_gpu.py --slots 1,8,32,128,300 --sweep-only`,
+# bench/results/mimi_gpu_attention_per_row_sweep_ffb5485.json, which also has the splits,
+# not taken: within 1 us either way below 32 slots). Two other forms of the tile products,
+# tried in those sweeps and dropped, were no faster: fp32 tl.dot with the queries padded to
+# 16 (123-134 us at 128 slots; mimi_gpu_attention_dot_sweep_a5f1945.json) and each tile
+# row's softmax state kept apart until the loop's end, so that no step reduces across the
+# tile's rows (84.1 at best at 128, 202.0 at 300).
+FULL_CHIP_SHAPE = (64, 4, 4, 2)  # 64 x 64 fp32 K and V tiles in 4 warps' registers
 # below one program per multiprocessor (rows: the unsplit grid's programs, slots * heads):
 # SMALL_SPLIT_SHAPES' first (rows at most, shape) that fits, else SPLIT_SHAPE
-SMALL_SPLIT_SHAPES = ((8, (16, 1, 4)), (16, (32, 1, 4)))
-SPLIT_SHAPE = (32, 2, 4)
+SMALL_SPLIT_SHAPES = ((8, (16, 1, 4, 1)), (16, (32, 1, 4, 1)))
+SPLIT_SHAPE = (32, 2, 4, 1)
 # a running max below any real score but finite: a fully masked tile rescales by exp2(0) = 1
 EMPTY_MAX = -1.0e30
 
@@ -195,7 +205,6 @@ def _ring_attention_step_kernel(  # type: ignore[no-untyped-def,unused-ignore]
     splits_pow2: tl.constexpr,
     empty: tl.constexpr,
     direct: tl.constexpr,
-    per_row: tl.constexpr,
     stages: tl.constexpr,
     pdl: tl.constexpr,
 ):
@@ -249,12 +258,7 @@ def _ring_attention_step_kernel(  # type: ignore[no-untyped-def,unused-ignore]
     unwrapped = oldest <= final
     lo = tl.where(unwrapped, tl.maximum(lo, final - oldest), lo)
     hi = tl.where(unwrapped, tl.minimum(hi, final - steps + 1), hi)
-    # per_row: each of the tile's block_n rows keeps its own running max, sum and output
-    # (the keys it sees form a part of the row's, as a split's do), merged once after the
-    # loop, so no step of the loop reduces across the tile's rows
-    row_max = tl.full([steps, block_n], empty, tl.float32)
-    row_sum = tl.zeros([steps, block_n], dtype=tl.float32)
-    row_acc = tl.zeros([steps, block_n if per_row else 1, head_dim], dtype=tl.float32)
+    # `stages` > 1: the next tiles' K and V loads are issued before this tile's arithmetic
     for first in tl.range(lo, hi, block_n, num_stages=stages):
         index = first + tl.arange(0, block_n)
         age = final - index
@@ -267,27 +271,12 @@ def _ring_attention_step_kernel(  # type: ignore[no-untyped-def,unused-ignore]
         scores = tl.sum(q[:, None, :] * k[None, :, :], axis=2) * qk_scale_log2  # [T, block_n]
         valid = live[None, :] & (age[None, :] < context + reach[:, None])
         scores = tl.where(valid, scores, float("-inf"))
-        if per_row:
-            new_rows = tl.maximum(row_max, scores)
-            rescale_rows = tl.exp2(row_max - new_rows)
-            weights = tl.exp2(scores - new_rows)
-            row_sum = row_sum * rescale_rows + weights
-            row_acc = row_acc * rescale_rows[:, :, None] + weights[:, :, None] * v[None, :, :]
-            row_max = new_rows
-        else:
-            new_max = tl.maximum(run_max, tl.max(scores, axis=1))
-            rescale = tl.exp2(run_max - new_max)
-            weights = tl.exp2(scores - new_max[:, None])
-            run_sum = run_sum * rescale + tl.sum(weights, axis=1)
-            acc = acc * rescale[:, None] + tl.sum(weights[:, :, None] * v[None, :, :], axis=1)
-            run_max = new_max
-    if per_row:  # the rows' parts and this step's keys, to their common max
-        top = tl.maximum(run_max, tl.max(row_max, axis=1))  # [T]
-        own_scale = tl.exp2(run_max - top)
-        row_scale = tl.exp2(row_max - top[:, None])  # [T, block_n]
-        run_sum = run_sum * own_scale + tl.sum(row_sum * row_scale, axis=1)
-        acc = acc * own_scale[:, None] + tl.sum(row_acc * row_scale[:, :, None], axis=1)
-        run_max = top
+        new_max = tl.maximum(run_max, tl.max(scores, axis=1))
+        rescale = tl.exp2(run_max - new_max)
+        weights = tl.exp2(scores - new_max[:, None])
+        run_sum = run_sum * rescale + tl.sum(weights, axis=1)
+        acc = acc * rescale[:, None] + tl.sum(weights[:, :, None] * v[None, :, :], axis=1)
+        run_max = new_max
     if direct:  # one split: every query saw at least its own key, run_sum > 0
         out = acc / run_sum[:, None]
         tl.store(out_ptr + token[:, None] * dim + head * head_dim + dims[None, :], out)
@@ -345,8 +334,9 @@ def _merge_splits(  # type: ignore[no-untyped-def,unused-ignore]
     tl.store(out_ptr + token[:, None] * dim + head * head_dim + dims[None, :], out)
 
 
-def step_shape(rows: int, device: torch.device) -> tuple[int, int, int]:
-    """The step kernel's (block_n, tiles_per_split, num_warps) for `rows` (slot, head) pairs:
+def step_shape(rows: int, device: torch.device) -> tuple[int, int, int, int]:
+    """The step kernel's (block_n, tiles_per_split, num_warps, stages) for `rows` (slot, head)
+    pairs:
     split while the unsplit grid is below one program per multiprocessor, else
     FULL_CHIP_SHAPE (table above)."""
     if rows >= multiprocessors(device, 1):
@@ -365,19 +355,18 @@ def ring_attention_step(
     block_n: int | None = None,
     tiles_per_split: int | None = None,
     num_warps: int | None = None,
-    per_row: bool = False,
-    stages: int = 1,
+    stages: int | None = None,
 ) -> Tensor:
     """RoPE, ring write and attention of one step (module docstring) -> fp32 [slots, T, dim].
-    `block_n`, `tiles_per_split` and `num_warps` shape the program (None: step_shape's);
-    `per_row`: each tile row's softmax state kept apart until the loop ends; `stages`: the
-    tile loop software-pipelined that deep (1: not)."""
+    `block_n`, `tiles_per_split`, `num_warps` and `stages` (the tile loop software-pipelined
+    that deep; 1: not) shape the program (None: step_shape's)."""
     slots, steps, width = qkv.shape
     _, heads, capacity, head_dim = keys.shape
     shape = step_shape(slots * heads, qkv.device)
     block_n = shape[0] if block_n is None else block_n
     tiles_per_split = shape[1] if tiles_per_split is None else tiles_per_split
     num_warps = shape[2] if num_warps is None else num_warps
+    stages = shape[3] if stages is None else stages
     dim = heads * head_dim
     assert width == 3 * dim, (qkv.shape, keys.shape)
     assert keys.shape == (slots, heads, capacity, head_dim), (keys.shape, slots)
@@ -432,7 +421,6 @@ def ring_attention_step(
         splits_pow2=triton.next_power_of_2(splits),
         empty=EMPTY_MAX,
         direct=direct,
-        per_row=per_row,
         stages=stages,
         num_warps=num_warps,
         pdl=pdl,
