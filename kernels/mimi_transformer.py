@@ -205,6 +205,7 @@ def _ring_attention_step_kernel(  # type: ignore[no-untyped-def,unused-ignore]
     splits_pow2: tl.constexpr,
     empty: tl.constexpr,
     direct: tl.constexpr,
+    pair: tl.constexpr,
     stages: tl.constexpr,
     pdl: tl.constexpr,
 ):
@@ -258,25 +259,31 @@ def _ring_attention_step_kernel(  # type: ignore[no-untyped-def,unused-ignore]
     unwrapped = oldest <= final
     lo = tl.where(unwrapped, tl.maximum(lo, final - oldest), lo)
     hi = tl.where(unwrapped, tl.minimum(hi, final - steps + 1), hi)
-    # `stages` > 1: the next tiles' K and V loads are issued before this tile's arithmetic
-    for first in tl.range(lo, hi, block_n, num_stages=stages):
-        index = first + tl.arange(0, block_n)
-        age = final - index
-        age = tl.where(age < 0, age + capacity, age)
-        live = (index < hi) & (age >= steps) & (age <= oldest)
-        entry = ring + index.to(tl.int64)[:, None] * head_dim + dims[None, :]
-        # both loads before any arithmetic: the tile's K and V are in flight together
-        k = tl.load(keys_ptr + entry, mask=live[:, None], other=0.0)  # [block_n, head_dim]
-        v = tl.load(values_ptr + entry, mask=live[:, None], other=0.0)
-        scores = tl.sum(q[:, None, :] * k[None, :, :], axis=2) * qk_scale_log2  # [T, block_n]
-        valid = live[None, :] & (age[None, :] < context + reach[:, None])
-        scores = tl.where(valid, scores, float("-inf"))
-        new_max = tl.maximum(run_max, tl.max(scores, axis=1))
-        rescale = tl.exp2(run_max - new_max)
-        weights = tl.exp2(scores - new_max[:, None])
-        run_sum = run_sum * rescale + tl.sum(weights, axis=1)
-        acc = acc * rescale[:, None] + tl.sum(weights[:, :, None] * v[None, :, :], axis=1)
-        run_max = new_max
+    if pair:
+        run_max, run_sum, acc = _attend_older_pair(
+            q, run_max, run_sum, acc, keys_ptr, values_ptr, ring, lo, hi, final, oldest,
+            capacity, context, qk_scale_log2, head_dim, block_n, empty, stages,
+        )  # fmt: skip
+    else:
+        # `stages` > 1: the next tiles' K and V loads are issued before this tile's arithmetic
+        for first in tl.range(lo, hi, block_n, num_stages=stages):
+            index = first + tl.arange(0, block_n)
+            age = final - index
+            age = tl.where(age < 0, age + capacity, age)
+            live = (index < hi) & (age >= steps) & (age <= oldest)
+            entry = ring + index.to(tl.int64)[:, None] * head_dim + dims[None, :]
+            # both loads before any arithmetic: the tile's K and V are in flight together
+            k = tl.load(keys_ptr + entry, mask=live[:, None], other=0.0)  # [block_n, head_dim]
+            v = tl.load(values_ptr + entry, mask=live[:, None], other=0.0)
+            scores = tl.sum(q[:, None, :] * k[None, :, :], axis=2) * qk_scale_log2  # [T, block_n]
+            valid = live[None, :] & (age[None, :] < context + reach[:, None])
+            scores = tl.where(valid, scores, float("-inf"))
+            new_max = tl.maximum(run_max, tl.max(scores, axis=1))
+            rescale = tl.exp2(run_max - new_max)
+            weights = tl.exp2(scores - new_max[:, None])
+            run_sum = run_sum * rescale + tl.sum(weights, axis=1)
+            acc = acc * rescale[:, None] + tl.sum(weights[:, :, None] * v[None, :, :], axis=1)
+            run_max = new_max
     if direct:  # one split: every query saw at least its own key, run_sum > 0
         out = acc / run_sum[:, None]
         tl.store(out_ptr + token[:, None] * dim + head * head_dim + dims[None, :], out)
@@ -290,6 +297,85 @@ def _ring_attention_step_kernel(  # type: ignore[no-untyped-def,unused-ignore]
                 max_ptr, sum_ptr, acc_ptr, out_ptr, row, splits, heads, head_dim, steps,
                 splits_pow2, empty,
             )  # fmt: skip
+
+
+@triton.jit  # type: ignore[untyped-decorator,unused-ignore]
+def _attend_older_pair(  # type: ignore[no-untyped-def,unused-ignore]
+    q,
+    run_max,
+    run_sum,
+    acc,
+    keys_ptr,
+    values_ptr,
+    ring,
+    lo,
+    hi,
+    final,
+    oldest,
+    capacity,
+    context,
+    qk_scale_log2,
+    head_dim: tl.constexpr,
+    block_n: tl.constexpr,
+    empty: tl.constexpr,
+    stages: tl.constexpr,
+):
+    """The ring's older entries for T = 2 queries, each query's vectors apart ([head_dim],
+    [block_n], [block_n, head_dim] in the tile's own layout: no [T, block_n, head_dim]
+    products), and each tile row keeping its own running max, sum and output until the
+    loop ends (so no step reduces across the tile's rows); merged then with this step's
+    keys' state (run_max, run_sum, acc: [2], [2], [2, head_dim]), which it returns updated."""
+    tokens = tl.arange(0, 2)
+    dims = tl.arange(0, head_dim)
+    first_q = tokens[:, None] == 0
+    q0 = tl.sum(tl.where(first_q, q, 0.0), axis=0)  # [head_dim]
+    q1 = tl.sum(tl.where(first_q, 0.0, q), axis=0)
+    max0 = tl.full([block_n], empty, tl.float32)
+    max1 = tl.full([block_n], empty, tl.float32)
+    sum0 = tl.zeros([block_n], dtype=tl.float32)
+    sum1 = tl.zeros([block_n], dtype=tl.float32)
+    acc0 = tl.zeros([block_n, head_dim], dtype=tl.float32)
+    acc1 = tl.zeros([block_n, head_dim], dtype=tl.float32)
+    for first in tl.range(lo, hi, block_n, num_stages=stages):
+        index = first + tl.arange(0, block_n)
+        age = final - index
+        age = tl.where(age < 0, age + capacity, age)
+        live = (index < hi) & (age >= 2) & (age <= oldest)
+        entry = ring + index.to(tl.int64)[:, None] * head_dim + dims[None, :]
+        k = tl.load(keys_ptr + entry, mask=live[:, None], other=0.0)  # [block_n, head_dim]
+        v = tl.load(values_ptr + entry, mask=live[:, None], other=0.0)
+        # query 0 lies one position before query 1: it reaches one entry further back
+        score0 = tl.sum(k * q0[None, :], axis=1) * qk_scale_log2  # [block_n]
+        score0 = tl.where(live & (age < context + 1), score0, float("-inf"))
+        score1 = tl.sum(k * q1[None, :], axis=1) * qk_scale_log2
+        score1 = tl.where(live & (age < context), score1, float("-inf"))
+        new0 = tl.maximum(max0, score0)
+        rescale0 = tl.exp2(max0 - new0)
+        weight0 = tl.exp2(score0 - new0)
+        sum0 = sum0 * rescale0 + weight0
+        acc0 = acc0 * rescale0[:, None] + weight0[:, None] * v
+        max0 = new0
+        new1 = tl.maximum(max1, score1)
+        rescale1 = tl.exp2(max1 - new1)
+        weight1 = tl.exp2(score1 - new1)
+        sum1 = sum1 * rescale1 + weight1
+        acc1 = acc1 * rescale1[:, None] + weight1[:, None] * v
+        max1 = new1
+    # this step's keys' state of each query, then every row's, to their common max
+    first_t = tokens == 0
+    own_max0 = tl.sum(tl.where(first_t, run_max, 0.0), axis=0)
+    own_max1 = tl.sum(tl.where(first_t, 0.0, run_max), axis=0)
+    top0 = tl.maximum(own_max0, tl.max(max0, axis=0))
+    top1 = tl.maximum(own_max1, tl.max(max1, axis=0))
+    rows0 = tl.exp2(max0 - top0)  # [block_n]
+    rows1 = tl.exp2(max1 - top1)
+    top = tl.where(first_t, top0, top1)  # [2]
+    own_scale = tl.exp2(run_max - top)
+    rows_sum = tl.where(first_t, tl.sum(sum0 * rows0, axis=0), tl.sum(sum1 * rows1, axis=0))
+    rows_acc0 = tl.sum(acc0 * rows0[:, None], axis=0)  # [head_dim]
+    rows_acc1 = tl.sum(acc1 * rows1[:, None], axis=0)
+    rows_acc = tl.where(first_q, rows_acc0[None, :], rows_acc1[None, :])  # [2, head_dim]
+    return top, run_sum * own_scale + rows_sum, acc * own_scale[:, None] + rows_acc
 
 
 @triton.jit  # type: ignore[untyped-decorator,unused-ignore]
@@ -356,10 +442,12 @@ def ring_attention_step(
     tiles_per_split: int | None = None,
     num_warps: int | None = None,
     stages: int | None = None,
+    pair: bool = False,
 ) -> Tensor:
     """RoPE, ring write and attention of one step (module docstring) -> fp32 [slots, T, dim].
     `block_n`, `tiles_per_split`, `num_warps` and `stages` (the tile loop software-pipelined
-    that deep; 1: not) shape the program (None: step_shape's)."""
+    that deep; 1: not) shape the program (None: step_shape's); `pair` (T = 2 only): the
+    older entries through _attend_older_pair."""
     slots, steps, width = qkv.shape
     _, heads, capacity, head_dim = keys.shape
     shape = step_shape(slots * heads, qkv.device)
@@ -385,6 +473,7 @@ def ring_attention_step(
     assert block_n in (16, 32, 64, 128, 256), f"block_n {block_n} must be a power of two"
     assert tiles_per_split >= 1, tiles_per_split
     assert stages >= 1, stages
+    assert not pair or steps == 2, f"pair takes T = 2 queries, not {steps}"
     rows = slots * heads
     split_frames = block_n * tiles_per_split
     splits = math.ceil(capacity / split_frames)
@@ -421,6 +510,7 @@ def ring_attention_step(
         splits_pow2=triton.next_power_of_2(splits),
         empty=EMPTY_MAX,
         direct=direct,
+        pair=pair,
         stages=stages,
         num_warps=num_warps,
         pdl=pdl,

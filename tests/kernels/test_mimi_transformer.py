@@ -56,18 +56,22 @@ STARTS = [0, 2, 4, 5, 6, 7, 131]
 @pytest.mark.parametrize(("capacity", "context"), [(8, 8), (8, 5), (40, 23), (250, 250)])
 @pytest.mark.parametrize("head_dim", [8, 64])
 @pytest.mark.parametrize(
-    ("block_n", "tiles_per_split", "stages"),
+    ("block_n", "tiles_per_split", "stages", "pair"),
     # the module's default (unsplit at 250 entries, pipelined); splits of one tile (this
     # step's keys in split 0 only, the others merged); of several tiles; one program over the
-    # whole ring; unpipelined and deeper
+    # whole ring; unpipelined and deeper; each query's vectors apart (pair)
     [
-        (None, None, None),
-        (64, 1, 1),
-        (16, 1, 1),
-        (16, 2, 2),
-        (32, 2, 1),
-        (16, 16, 3),
-        (64, 4, 1),
+        (None, None, None, False),
+        (64, 1, 1, False),
+        (16, 1, 1, False),
+        (16, 2, 2, False),
+        (32, 2, 1, False),
+        (16, 16, 3, False),
+        (64, 4, 1, False),
+        (64, 4, 2, True),
+        (16, 1, 1, True),
+        (32, 2, 1, True),
+        (16, 16, 3, True),
     ],
 )
 def test_ring_attention_step_matches_reference(
@@ -77,6 +81,7 @@ def test_ring_attention_step_matches_reference(
     block_n: int | None,
     tiles_per_split: int | None,
     stages: int | None,
+    pair: bool,
 ) -> None:
     heads = 2
     qkv, keys, values, start = _step_inputs(STARTS, heads, head_dim, capacity, seed=capacity)
@@ -85,8 +90,9 @@ def test_ring_attention_step_matches_reference(
     want_keys, want_values = keys.clone(), values.clone()
     want = ring_attention_step_reference(qkv, cos, sin, want_keys, want_values, start, context)
     got = ring_attention_step(
-        qkv, cos, sin, keys, values, start, context, block_n, tiles_per_split, stages=stages
-    )
+        qkv, cos, sin, keys, values, start, context, block_n, tiles_per_split, stages=stages,
+        pair=pair,
+    )  # fmt: skip
     assert torch.allclose(keys, want_keys, atol=1e-6, rtol=0)
     assert torch.equal(values, want_values)
     assert torch.allclose(got, want, atol=1e-5, rtol=1e-5), (got - want).abs().max()
