@@ -14,8 +14,9 @@ over everything between the matrix products:
   and v into the ring at positions start..start+T-1 and attends the T queries to them from
   registers (causally), while each split attends the older entries of its own run of
   `tiles_per_split` tiles of `block_n` entries, never this step's, so no program reads an entry
-  another one writes. Each keeps an online softmax (base-2, log2(e) folded into the scale)
-  and stores its partial (max, sum, acc) per query; the last program of a (slot, head) to
+  another one writes. Each keeps an online softmax (base-2, log2(e) folded into the scale;
+  for T = 2 one per tile row, merged after the loop: _attend_older_pair) and stores its
+  partial (max, sum, acc) per query; the last program of a (slot, head) to
   arrive (kernels/arrivals.py) rescales the row's partials to their common max, normalises
   and writes the output (whichever program it is, it merges the same partials the same
   way). With one split the program normalises and writes the output itself: one launch
@@ -64,8 +65,11 @@ was slower each time. The unsplit program of this form still halves the first on
 rows (RoPE interleaved in registers, not two strided half-loads), both tiles are loaded
 before any arithmetic, and nothing waits on a barrier to read this step's keys back. It is
 the default from one program per multiprocessor on; below that (1 slot: 8 programs) splits
-win instead (17.3 -> 5.1 us per layer) and are taken (step_shape, its table). Still 3x short of the
-4.8 TB/s read: the tile products live as [T, 64, 64] registers, so only 2 programs fit an SM.
+win instead (17.3 -> 5.1 us per layer) and are taken (step_shape, its table). That form was
+still 3x short of the 4.8 TB/s read (its tile products live as [T, 64, 64] registers and it
+reduces across the tile's rows at every tile); for T = 2, Mimi's step, the pair form
+(_attend_older_pair) reads the full rings at 2.8 TB/s at 300 slots, 1.8x the generic form
+(the table at step_shape).
 
 The merge in the split launch costs registers (Triton 3.6's sm_90 build with
 triton.compile, as bench/kernels_ring_sass.py builds the ring's; that script for this kernel
@@ -94,37 +98,37 @@ from kernels.arrivals import arrival_counts, last_to_arrive
 from kernels.dependent_launch import dependent, wait_for_inputs
 from kernels.device import multiprocessors
 
-# The step kernel's shape, (block_n, tiles_per_split, num_warps, stages): block_n ring entries per
+# The step kernel's shape, (block_n, tiles_per_split, num_warps): block_n ring entries per
 # tile, tiles_per_split tiles walked by one program (the ring is split over
-# ceil(tiles / tiles_per_split)). One program per (slot, head) walking 4 tiles of 64, no
-# split, is the best from 32 slots on, where those programs fill the chip; fewer leave most of
-# it idle and splits win. Measured on one H200 (Moshi's Mimi: 8 heads, full 250-frame rings;
-# `python3 bench/mimi_gpu.py --slots 1,2,4,8,16,17,32,64,128 --sweep-only`,
-# bench/results/mimi_gpu_attention_crossover.json), us per layer, the shape step_shape takes
-# in brackets:
+# ceil(tiles / tiles_per_split)). With T = 2 (Mimi's step) the older entries go through
+# _attend_older_pair: each query's vectors apart in the tile's own layout and each tile row's
+# softmax state kept until the loop ends, where the generic form broadcasts [T, block_n,
+# head_dim] products and reduces across the tile's rows at every tile. Measured on one H200
+# (Moshi's Mimi: 8 heads, full 250-frame rings; `python3 bench/mimi_gpu.py --slots
+# 1,8,32,128,300 --sweep-only`, bench/results/mimi_gpu_attention_pair_sweep_052c7e3.json), us
+# per layer, the generic form's served shapes before against the pair form's:
 #
-#     slots      1      2      4      8     16     17     32    128
-#     16x1x4   [4.7]   7.6    8.7   12.1   20.2   22.1   36.4  135.7
-#     32x1x4    5.4   [5.9]  11.1   11.3   20.2   20.9   33.2  116.0
-#     32x2x4    7.2    7.4   [8.4] [11.3] [17.6]  17.8   30.7  102.7
-#     64x4x4   17.1   17.6   17.8   18.1   18.2  [21.9] [22.9] [92.5]
+#     slots                 1      8     32    128    300
+#     generic, served     5.3   10.9   21.2   85.8  195.6   (16x1x4, 32x2x4, 64x4x4 2 stages)
+#     pair 16x1x4        [5.1]  11.3   31.4  118.8  275.7
+#     pair 32x2x4         5.6   [6.5]  14.6   61.0  139.4
+#     pair 64x4x4         7.2    7.4  [10.1] [48.0] [109.6]  (2.8 TB/s at 300)
+#     pair 32x8x4 2 st.   8.5    8.7   13.0   47.9  105.4
 #
-# (64x1x4 took 8.3 at 4 slots, the best there.)
-#
-# The tile loop pipelined two deep (the next tile's K and V loads issued before this one's
-# arithmetic) took the unsplit shape from 91.7 to 86.3 us at 128 slots, 210.2 to 195.8 at 300
-# and 22.7 to 21.3 at 32 (`python3 bench/mimi_gpu.py --slots 1,8,32,128,300 --sweep-only`,
-# bench/results/mimi_gpu_attention_per_row_sweep_ffb5485.json, which also has the splits,
-# not taken: within 1 us either way below 32 slots). Two other forms of the tile products,
-# tried in those sweeps and dropped, were no faster: fp32 tl.dot with the queries padded to
-# 16 (123-134 us at 128 slots; mimi_gpu_attention_dot_sweep_a5f1945.json) and each tile
-# row's softmax state kept apart until the loop's end, so that no step reduces across the
-# tile's rows (84.1 at best at 128, 202.0 at 300).
-FULL_CHIP_SHAPE = (64, 4, 4, 2)  # 64 x 64 fp32 K and V tiles in 4 warps' registers
+# (in brackets: what step_shape takes, by rows = slots * heads against the multiprocessors).
+# Pipelining the tile loop two deep, which gained 5-7% in the generic form (91.7 -> 86.3 at
+# 128 slots), gained nothing in the pair form (50.6 against 48.0), so it is not kept. Two
+# other generic forms were no faster and were dropped: fp32 tl.dot with the queries padded
+# to 16 (123-134 us at 128 slots; mimi_gpu_attention_dot_sweep_a5f1945.json) and the per-row
+# softmax state alone, with the [T, block_n, head_dim] products kept (84.1 at best at 128;
+# mimi_gpu_attention_per_row_sweep_ffb5485.json). Before the pair form (T = 2 then through
+# the generic form; bench/results/mimi_gpu_attention_crossover.json, 9 slot counts), 64x4x4
+# took 92.5 us at 128 slots, splits won below 17 slots, and 32x2x4 from 4.
+FULL_CHIP_SHAPE = (64, 4, 4)  # 64 x 64 fp32 K and V tiles in 4 warps' registers
 # below one program per multiprocessor (rows: the unsplit grid's programs, slots * heads):
 # SMALL_SPLIT_SHAPES' first (rows at most, shape) that fits, else SPLIT_SHAPE
-SMALL_SPLIT_SHAPES = ((8, (16, 1, 4, 1)), (16, (32, 1, 4, 1)))
-SPLIT_SHAPE = (32, 2, 4, 1)
+SMALL_SPLIT_SHAPES = ((8, (16, 1, 4)),)
+SPLIT_SHAPE = (32, 2, 4)
 # a running max below any real score but finite: a fully masked tile rescales by exp2(0) = 1
 EMPTY_MAX = -1.0e30
 
@@ -206,7 +210,6 @@ def _ring_attention_step_kernel(  # type: ignore[no-untyped-def,unused-ignore]
     empty: tl.constexpr,
     direct: tl.constexpr,
     pair: tl.constexpr,
-    stages: tl.constexpr,
     pdl: tl.constexpr,
 ):
     wait_for_inputs(pdl)
@@ -262,11 +265,10 @@ def _ring_attention_step_kernel(  # type: ignore[no-untyped-def,unused-ignore]
     if pair:
         run_max, run_sum, acc = _attend_older_pair(
             q, run_max, run_sum, acc, keys_ptr, values_ptr, ring, lo, hi, final, oldest,
-            capacity, context, qk_scale_log2, head_dim, block_n, empty, stages,
+            capacity, context, qk_scale_log2, head_dim, block_n, empty,
         )  # fmt: skip
     else:
-        # `stages` > 1: the next tiles' K and V loads are issued before this tile's arithmetic
-        for first in tl.range(lo, hi, block_n, num_stages=stages):
+        for first in range(lo, hi, block_n):
             index = first + tl.arange(0, block_n)
             age = final - index
             age = tl.where(age < 0, age + capacity, age)
@@ -318,7 +320,6 @@ def _attend_older_pair(  # type: ignore[no-untyped-def,unused-ignore]
     head_dim: tl.constexpr,
     block_n: tl.constexpr,
     empty: tl.constexpr,
-    stages: tl.constexpr,
 ):
     """The ring's older entries for T = 2 queries, each query's vectors apart ([head_dim],
     [block_n], [block_n, head_dim] in the tile's own layout: no [T, block_n, head_dim]
@@ -336,7 +337,7 @@ def _attend_older_pair(  # type: ignore[no-untyped-def,unused-ignore]
     sum1 = tl.zeros([block_n], dtype=tl.float32)
     acc0 = tl.zeros([block_n, head_dim], dtype=tl.float32)
     acc1 = tl.zeros([block_n, head_dim], dtype=tl.float32)
-    for first in tl.range(lo, hi, block_n, num_stages=stages):
+    for first in range(lo, hi, block_n):
         index = first + tl.arange(0, block_n)
         age = final - index
         age = tl.where(age < 0, age + capacity, age)
@@ -420,9 +421,8 @@ def _merge_splits(  # type: ignore[no-untyped-def,unused-ignore]
     tl.store(out_ptr + token[:, None] * dim + head * head_dim + dims[None, :], out)
 
 
-def step_shape(rows: int, device: torch.device) -> tuple[int, int, int, int]:
-    """The step kernel's (block_n, tiles_per_split, num_warps, stages) for `rows` (slot, head)
-    pairs:
+def step_shape(rows: int, device: torch.device) -> tuple[int, int, int]:
+    """The step kernel's (block_n, tiles_per_split, num_warps) for `rows` (slot, head) pairs:
     split while the unsplit grid is below one program per multiprocessor, else
     FULL_CHIP_SHAPE (table above)."""
     if rows >= multiprocessors(device, 1):
@@ -441,20 +441,18 @@ def ring_attention_step(
     block_n: int | None = None,
     tiles_per_split: int | None = None,
     num_warps: int | None = None,
-    stages: int | None = None,
-    pair: bool = False,
+    pair: bool | None = None,
 ) -> Tensor:
     """RoPE, ring write and attention of one step (module docstring) -> fp32 [slots, T, dim].
-    `block_n`, `tiles_per_split`, `num_warps` and `stages` (the tile loop software-pipelined
-    that deep; 1: not) shape the program (None: step_shape's); `pair` (T = 2 only): the
-    older entries through _attend_older_pair."""
+    `block_n`, `tiles_per_split` and `num_warps` shape the program (None: step_shape's);
+    `pair`: the older entries through _attend_older_pair (T = 2 only; None: where T = 2)."""
     slots, steps, width = qkv.shape
     _, heads, capacity, head_dim = keys.shape
     shape = step_shape(slots * heads, qkv.device)
     block_n = shape[0] if block_n is None else block_n
     tiles_per_split = shape[1] if tiles_per_split is None else tiles_per_split
     num_warps = shape[2] if num_warps is None else num_warps
-    stages = shape[3] if stages is None else stages
+    pair = steps == 2 if pair is None else pair
     dim = heads * head_dim
     assert width == 3 * dim, (qkv.shape, keys.shape)
     assert keys.shape == (slots, heads, capacity, head_dim), (keys.shape, slots)
@@ -472,7 +470,6 @@ def ring_attention_step(
     assert 1 <= context <= capacity, (context, capacity)
     assert block_n in (16, 32, 64, 128, 256), f"block_n {block_n} must be a power of two"
     assert tiles_per_split >= 1, tiles_per_split
-    assert stages >= 1, stages
     assert not pair or steps == 2, f"pair takes T = 2 queries, not {steps}"
     rows = slots * heads
     split_frames = block_n * tiles_per_split
@@ -511,7 +508,6 @@ def ring_attention_step(
         empty=EMPTY_MAX,
         direct=direct,
         pair=pair,
-        stages=stages,
         num_warps=num_warps,
         pdl=pdl,
         launch_pdl=pdl,

@@ -33,10 +33,10 @@ MAX_PERIOD = 10000.0
 
 
 def _step_inputs(
-    starts: list[int], heads: int, head_dim: int, capacity: int, seed: int
+    starts: list[int], heads: int, head_dim: int, capacity: int, seed: int, steps: int = 2
 ) -> tuple[torch.Tensor, ...]:
     generator = torch.Generator().manual_seed(seed)
-    slots, steps = len(starts), 2
+    slots = len(starts)
     qkv = torch.randn(slots, steps, 3 * heads * head_dim, generator=generator)
     keys = torch.randn(slots, heads, capacity, head_dim, generator=generator)
     values = torch.randn(slots, heads, capacity, head_dim, generator=generator)
@@ -56,43 +56,60 @@ STARTS = [0, 2, 4, 5, 6, 7, 131]
 @pytest.mark.parametrize(("capacity", "context"), [(8, 8), (8, 5), (40, 23), (250, 250)])
 @pytest.mark.parametrize("head_dim", [8, 64])
 @pytest.mark.parametrize(
-    ("block_n", "tiles_per_split", "stages", "pair"),
-    # the module's default (unsplit at 250 entries, pipelined); splits of one tile (this
-    # step's keys in split 0 only, the others merged); of several tiles; one program over the
-    # whole ring; unpipelined and deeper; each query's vectors apart (pair)
-    [
-        (None, None, None, False),
-        (64, 1, 1, False),
-        (16, 1, 1, False),
-        (16, 2, 2, False),
-        (32, 2, 1, False),
-        (16, 16, 3, False),
-        (64, 4, 1, False),
-        (64, 4, 2, True),
-        (16, 1, 1, True),
-        (32, 2, 1, True),
-        (16, 16, 3, True),
-    ],
+    ("block_n", "tiles_per_split"),
+    # the module's default (unsplit at 250 entries); splits of one tile (this step's keys in
+    # split 0 only, the others merged); of several tiles; one program over the whole ring
+    [(None, None), (64, 1), (16, 1), (16, 2), (32, 2), (16, 16)],
 )
+# T = 2 as Mimi steps: the pair form (served) and the generic one
+@pytest.mark.parametrize("pair", [True, False], ids=["pair", "generic"])
 def test_ring_attention_step_matches_reference(
     capacity: int,
     context: int,
     head_dim: int,
     block_n: int | None,
     tiles_per_split: int | None,
-    stages: int | None,
     pair: bool,
 ) -> None:
+    _check_step(capacity, context, head_dim, block_n, tiles_per_split, 2, pair)
+
+
+@pytest.mark.parametrize(("capacity", "context"), [(8, 5), (40, 23)])
+@pytest.mark.parametrize(("block_n", "tiles_per_split"), [(None, None), (16, 1), (16, 16)])
+@pytest.mark.parametrize("steps", [1, 4])
+def test_other_step_lengths_take_the_generic_form(
+    capacity: int, context: int, block_n: int | None, tiles_per_split: int | None, steps: int
+) -> None:
+    _check_step(capacity, context, 16, block_n, tiles_per_split, steps, None)
+
+
+def test_the_pair_form_takes_two_queries_only() -> None:
+    qkv, keys, values, start = _step_inputs([3], 2, 16, 8, seed=2, steps=4)
+    cos, sin = rope_tables(start[:, None] + torch.arange(4, device=DEVICE), _freqs(16))
+    with pytest.raises(AssertionError, match="pair takes T = 2"):
+        ring_attention_step(qkv, cos, sin, keys, values, start, 8, pair=True)
+
+
+def _check_step(
+    capacity: int,
+    context: int,
+    head_dim: int,
+    block_n: int | None,
+    tiles_per_split: int | None,
+    steps: int,
+    pair: bool | None,
+) -> None:
     heads = 2
-    qkv, keys, values, start = _step_inputs(STARTS, heads, head_dim, capacity, seed=capacity)
-    positions = start[:, None] + torch.arange(2, device=DEVICE)
+    qkv, keys, values, start = _step_inputs(
+        STARTS, heads, head_dim, capacity, seed=capacity, steps=steps
+    )
+    positions = start[:, None] + torch.arange(steps, device=DEVICE)
     cos, sin = rope_tables(positions, _freqs(head_dim))
     want_keys, want_values = keys.clone(), values.clone()
     want = ring_attention_step_reference(qkv, cos, sin, want_keys, want_values, start, context)
     got = ring_attention_step(
-        qkv, cos, sin, keys, values, start, context, block_n, tiles_per_split, stages=stages,
-        pair=pair,
-    )  # fmt: skip
+        qkv, cos, sin, keys, values, start, context, block_n, tiles_per_split, pair=pair
+    )
     assert torch.allclose(keys, want_keys, atol=1e-6, rtol=0)
     assert torch.equal(values, want_values)
     assert torch.allclose(got, want, atol=1e-5, rtol=1e-5), (got - want).abs().max()
@@ -149,12 +166,12 @@ def test_step_shape_splits_the_ring_while_the_grid_leaves_multiprocessors_idle(
     monkeypatch.setattr(kernels.mimi_transformer, "multiprocessors", lambda device, off: 132)
     cuda = torch.device("cuda")
     # Moshi's Mimi: 8 heads, so 16 slots are 128 programs unsplit and 17 are 136
-    (one, two), four_to_sixteen = SMALL_SPLIT_SHAPES, SPLIT_SHAPE
-    assert step_shape(8, cuda) == one[1]
-    assert step_shape(16, cuda) == two[1]
-    assert step_shape(32, cuda) == step_shape(128, cuda) == four_to_sixteen
+    ((most, one),), two_to_sixteen = SMALL_SPLIT_SHAPES, SPLIT_SHAPE
+    assert most == 8
+    assert step_shape(8, cuda) == one
+    assert step_shape(16, cuda) == step_shape(128, cuda) == two_to_sixteen
     assert step_shape(136, cuda) == step_shape(2400, cuda) == FULL_CHIP_SHAPE
-    assert len({one[1], two[1], four_to_sixteen, FULL_CHIP_SHAPE}) == 4
+    assert len({one, two_to_sixteen, FULL_CHIP_SHAPE}) == 3
 
 
 def test_reference_is_the_eager_attention() -> None:
