@@ -95,6 +95,11 @@ class Engine:
         self.rehearsal_lead_ns = REHEARSAL_NS  # see REHEARSAL_NS
         metrics.slots_capacity.set(slots)
         metrics.info.info({"model": model.name, "executor": executor.name})
+        if isinstance(model, AgeableModel):
+            # the age hook's kernels run once now, ageing no row: it later launches them
+            # behind an armed step, where a first launch can block the host before it rings
+            # (kernels/doorbell.py, CUDA's lazy loading)
+            model.age_contexts(np.zeros(slots, np.bool_))
 
     # -- admission (control thread) ----------------------------------------------------------
 

@@ -10,6 +10,15 @@ bench/results/tick_idle_presubmit.json.
 
 While it polls, the program holds one multiprocessor, and its stream cannot run anything
 else: work that must precede the step goes on another stream (see GraphExecutor).
+
+A hazard of CUDA's lazy module loading (the default since CUDA 12.2): the first launch of a
+kernel the process has not run yet loads it, and that load can wait for the GPU's running
+kernels, the polling one too, so a host that launches such a kernel after arming and before
+ringing blocks there and never rings. Whatever the host launches while a bell is unrung must
+have run once before: the graph executor's step ran in its warm-up and capture, and the
+engine's one launch between ticks, the benchmarks' age hook, runs once when the engine is
+built (Engine.__init__). tests/kernels/test_doorbell.py once hung so (its add not yet loaded
+in that worker).
 """
 
 import torch

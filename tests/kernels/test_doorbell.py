@@ -31,6 +31,12 @@ def test_the_stream_waits_for_the_ring_and_only_for_it() -> None:
     bell = torch.zeros(1, dtype=torch.int64).pin_memory()
     stream = torch.cuda.Stream()  # type: ignore[no-untyped-call]
     after = torch.zeros(1, device="cuda")
+    # the add's kernel loaded before any bell is armed: a first launch behind an unrung bell
+    # can block the host in CUDA's lazy loading, before it rings (kernels/doorbell.py). This
+    # test hung so once, in a worker whose earlier tests had not added floats on the GPU
+    # (bench/results/gpu_tests_kernels_7e0393b_doorbell_hang.log: the host at the add).
+    after.add_(0.0)
+    torch.cuda.synchronize()
     for value in (1, 2, 17, 32):  # values that Triton would otherwise specialise on
         with torch.cuda.stream(stream):
             wait_for_bell(bell, value)
