@@ -350,18 +350,8 @@ def _attend_older_pair(  # type: ignore[no-untyped-def,unused-ignore]
         score0 = tl.where(live & (age < context + 1), score0, float("-inf"))
         score1 = tl.sum(k * q1[None, :], axis=1) * qk_scale_log2
         score1 = tl.where(live & (age < context), score1, float("-inf"))
-        new0 = tl.maximum(max0, score0)
-        rescale0 = tl.exp2(max0 - new0)
-        weight0 = tl.exp2(score0 - new0)
-        sum0 = sum0 * rescale0 + weight0
-        acc0 = acc0 * rescale0[:, None] + weight0[:, None] * v
-        max0 = new0
-        new1 = tl.maximum(max1, score1)
-        rescale1 = tl.exp2(max1 - new1)
-        weight1 = tl.exp2(score1 - new1)
-        sum1 = sum1 * rescale1 + weight1
-        acc1 = acc1 * rescale1[:, None] + weight1[:, None] * v
-        max1 = new1
+        max0, sum0, acc0 = _rows_online_softmax(score0, v, max0, sum0, acc0)
+        max1, sum1, acc1 = _rows_online_softmax(score1, v, max1, sum1, acc1)
     # this step's keys' state of each query, then every row's, to their common max
     first_t = tokens == 0
     own_max0 = tl.sum(tl.where(first_t, run_max, 0.0), axis=0)
@@ -377,6 +367,17 @@ def _attend_older_pair(  # type: ignore[no-untyped-def,unused-ignore]
     rows_acc1 = tl.sum(acc1 * rows1[:, None], axis=0)
     rows_acc = tl.where(first_q, rows_acc0[None, :], rows_acc1[None, :])  # [2, head_dim]
     return top, run_sum * own_scale + rows_sum, acc * own_scale[:, None] + rows_acc
+
+
+@triton.jit  # type: ignore[untyped-decorator,unused-ignore]
+def _rows_online_softmax(scores, v, row_max, row_sum, row_acc):  # type: ignore[no-untyped-def,unused-ignore]
+    """One tile into each tile row's own online softmax (one query): scores [block_n],
+    v [block_n, head_dim]; returns the rows' max, sum [block_n] and output [block_n,
+    head_dim], each row rescaled to its own new max."""
+    new_max = tl.maximum(row_max, scores)
+    rescale = tl.exp2(row_max - new_max)
+    weights = tl.exp2(scores - new_max)
+    return new_max, row_sum * rescale + weights, row_acc * rescale[:, None] + weights[:, None] * v
 
 
 @triton.jit  # type: ignore[untyped-decorator,unused-ignore]
