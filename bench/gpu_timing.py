@@ -14,7 +14,7 @@ with CUDA events, so what is timed is the device's work, not Python's.
 import platform
 import statistics
 from collections import Counter
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import torch
@@ -78,6 +78,19 @@ def ranked(kernels: Iterable[tuple[str, float]], top: int) -> list[tuple[str, in
         totals[name] = (launches + 1, total + us)
     order = sorted(totals.items(), key=lambda item: -item[1][1])[:top]
     return [(name, launches, total) for name, (launches, total) in order]
+
+
+def frontier_advances(kernels: Sequence[tuple[float, float]]) -> list[float]:
+    """For kernels (start, end), in order of start, how far each moves the latest end seen
+    so far: its share of the span from the first start to the last end (the shares sum to
+    that span). Under programmatic dependent launch a kernel starts before the one before it
+    ends and its own duration includes that wait; its advance is what it adds to the chain."""
+    advances = []
+    frontier = kernels[0][0] if kernels else 0.0
+    for _, end in kernels:
+        advances.append(max(0.0, end - frontier))
+        frontier = max(frontier, end)
+    return advances
 
 
 def machine() -> dict[str, Any]:

@@ -10,7 +10,10 @@ durations summed (busy), the rest (gaps between dependent kernels: launch latenc
 graph; with programmatic dependent launch, kernels/dependent_launch.py, a kernel starts before
 the one before it ends and its time includes that wait, so busy can exceed the span and the
 gaps read negative), and the kernels grouped by a short name (Triton kernel, cuBLAS/CUTLASS
-GEMM, torch elementwise ...) with their count and summed time, largest first. It answers
+GEMM, torch elementwise ...) with their count and summed time, largest first, and how much
+of the span they account for (`advance_us_per_tick`: each kernel's move of the latest end
+seen so far, gpu_timing.frontier_advances; summed over every kernel it is the span, with
+PDL's overlap and waits taken out). It answers
 "launches or bytes?" for each slot count. (Results before the commit that added this sentence named
 cuDNN's `sm80_xmma_dgrad_implicit_gemm_...` kernels by their `gemm_...` tail only.)
 """
@@ -29,7 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import numpy as np
 import torch
 from engine_gpu import SAMPLES, build, fill_rings  # bench/, this folder
-from gpu_timing import machine, ranked
+from gpu_timing import frontier_advances, machine, ranked
 
 from engine.executors.graph import GraphExecutor
 from engine.models.moshi.config import moshiko
@@ -79,6 +82,12 @@ def profile_tick(slots: int, kv_dtype: torch.dtype | None) -> dict[str, Any]:
     spans = [tick[-1][1] - tick[0][0] for tick in ticks]
     busy = [sum(end - start for start, end, _ in tick) for tick in ticks]
     top = ranked(((short_name(name), end - start) for start, end, name in kernels), TOP)
+    # each kernel's advance of the tick's latest end, summed by name over the replays
+    advanced: dict[str, float] = {}
+    for tick in ticks:
+        advances = frontier_advances([(start, end) for start, end, _ in tick])
+        for (_, _, name), advance in zip(tick, advances, strict=True):
+            advanced[short_name(name)] = advanced.get(short_name(name), 0.0) + advance
     row: dict[str, Any] = {
         "slots": slots,
         "kernels_per_tick": per_tick,
@@ -91,6 +100,7 @@ def profile_tick(slots: int, kv_dtype: torch.dtype | None) -> dict[str, Any]:
                 "kernel": name,
                 "per_tick": round(count / REPLAYS, 1),
                 "us_per_tick": round(total / REPLAYS, 1),
+                "advance_us_per_tick": round(advanced[name] / REPLAYS, 1),
             }
             for name, count, total in top
         ],
