@@ -12,8 +12,8 @@ the one before it ends and its time includes that wait, so busy can exceed the s
 gaps read negative), and the kernels grouped by a short name (Triton kernel, cuBLAS/CUTLASS
 GEMM, torch elementwise ...) with their count and summed time, largest first, and how much
 of the span they account for (`advance_us_per_tick`: each kernel's move of the latest end
-seen so far, gpu_timing.frontier_advances; summed over every kernel it is the span, with
-PDL's overlap and waits taken out). It answers
+seen so far, gpu_timing.frontier_advances; summed over every kernel of a tick it is the
+span, first start to last end, with PDL's overlap and waits taken out). It answers
 "launches or bytes?" for each slot count. (Results before the commit that added this sentence named
 cuDNN's `sm80_xmma_dgrad_implicit_gemm_...` kernels by their `gemm_...` tail only.)
 """
@@ -79,7 +79,8 @@ def profile_tick(slots: int, kv_dtype: torch.dtype | None) -> dict[str, Any]:
     )
     per_tick = len(kernels) // REPLAYS
     ticks = [kernels[i * per_tick : (i + 1) * per_tick] for i in range(REPLAYS)]
-    spans = [tick[-1][1] - tick[0][0] for tick in ticks]
+    # first start to last end (under PDL the last kernel to start need not end last)
+    spans = [max(end for _, end, _ in tick) - tick[0][0] for tick in ticks]
     busy = [sum(end - start for start, end, _ in tick) for tick in ticks]
     top = ranked(((short_name(name), end - start) for start, end, name in kernels), TOP)
     # each kernel's advance of the tick's latest end, summed by name over the replays
@@ -100,7 +101,8 @@ def profile_tick(slots: int, kv_dtype: torch.dtype | None) -> dict[str, Any]:
                 "kernel": name,
                 "per_tick": round(count / REPLAYS, 1),
                 "us_per_tick": round(total / REPLAYS, 1),
-                "advance_us_per_tick": round(advanced[name] / REPLAYS, 1),
+                # a name seen only past the whole ticks (a stray event) advanced nothing
+                "advance_us_per_tick": round(advanced.get(name, 0.0) / REPLAYS, 1),
             }
             for name, count, total in top
         ],

@@ -74,8 +74,9 @@ reduces across the tile's rows at every tile); for T = 2, Mimi's step, the pair 
 The merge in the split launch costs registers (Triton 3.6's sm_90 build with
 triton.compile, as bench/kernels_ring_sass.py builds the ring's; that script for this kernel
 was not kept; no spills; 8 heads x 64, 250-frame rings):
-16x1x4 110 -> 115, 32x2x4 159 -> 168 (still 3 programs per SM), 32x1x4 159 -> 202 (taken at
-most at 16 rows, 128 programs: fewer than the multiprocessors, so occupancy does not bind).
+16x1x4 110 -> 115, 32x2x4 159 -> 168 (still 3 programs per SM), 32x1x4 159 -> 202 (taken
+then at 9-16 rows; no longer taken). Those counts are of the generic form; the pair form's
+(two [block_n, head_dim] fp32 accumulators beside the K and V tiles) were not counted.
 
 Each launcher asserts shapes, dtypes and strides, allocates only buffers whose size the
 shapes fix (the merge's arrival counts once per device, outside any capture: run each shape
@@ -113,18 +114,22 @@ from kernels.device import multiprocessors
 #     pair 16x1x4        [5.1]  11.3   31.4  118.8  275.7
 #     pair 32x2x4         5.6   [6.5]  14.6   61.0  139.4
 #     pair 64x4x4         7.2    7.4  [10.1] [48.0] [109.6]  (2.8 TB/s at 300)
-#     pair 32x8x4 2 st.   8.5    8.7   13.0   47.9  105.4
+#     pair 32x8x4 2 st.   8.5    8.7   13.0   47.9  105.4   (a pipelined loop, since removed)
 #
-# (in brackets: what step_shape takes, by rows = slots * heads against the multiprocessors).
-# Pipelining the tile loop two deep, which gained 5-7% in the generic form (91.7 -> 86.3 at
-# 128 slots), gained nothing in the pair form (50.6 against 48.0), so it is not kept. Two
+# (in brackets: what step_shape takes, by rows = slots * heads against the multiprocessors;
+# 2 to 4 slots were not swept with the pair form: they take SPLIT_SHAPE, the 8-slot best).
+# Pipelining the tile loop two deep gained 5-7% in the generic form (91.7 -> 86.3 at 128
+# slots); in the pair form it lost at 64x4x4 (50.6 against 48.0) and at 32x8x4 tied it at
+# 128 and gained 4% at 300 (105.4 against 109.6) but lost at 32 (13.0 against 10.1), so the
+# loop is not pipelined and one shape serves from the chip up. Two
 # other generic forms were no faster and were dropped: fp32 tl.dot with the queries padded
 # to 16 (123-134 us at 128 slots; mimi_gpu_attention_dot_sweep_a5f1945.json) and the per-row
 # softmax state alone, with the [T, block_n, head_dim] products kept (84.1 at best at 128;
 # mimi_gpu_attention_per_row_sweep_ffb5485.json). Before the pair form (T = 2 then through
 # the generic form; bench/results/mimi_gpu_attention_crossover.json, 9 slot counts), 64x4x4
 # took 92.5 us at 128 slots, splits won below 17 slots, and 32x2x4 from 4.
-FULL_CHIP_SHAPE = (64, 4, 4)  # 64 x 64 fp32 K and V tiles in 4 warps' registers
+# 64 x 64 fp32 K and V tiles (and the pair form's two accumulators) in 4 warps' registers
+FULL_CHIP_SHAPE = (64, 4, 4)
 # below one program per multiprocessor (rows: the unsplit grid's programs, slots * heads):
 # SMALL_SPLIT_SHAPES' first (rows at most, shape) that fits, else SPLIT_SHAPE
 SMALL_SPLIT_SHAPES = ((8, (16, 1, 4)),)

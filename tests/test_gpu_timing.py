@@ -27,3 +27,5 @@ def test_frontier_advances_split_the_span_among_the_kernels() -> None:
     assert advances == [10.0, 2.0, 0.0, 8.0]
     assert sum(advances) == kernels[-1][1] - kernels[0][0]
     assert frontier_advances([]) == []
+    # the first kernel ends last: the later ones advance nothing, the span is its duration
+    assert frontier_advances([(0.0, 9.0), (1.0, 3.0), (2.0, 4.0)]) == [9.0, 0.0, 0.0]

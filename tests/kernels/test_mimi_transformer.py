@@ -83,6 +83,32 @@ def test_other_step_lengths_take_the_generic_form(
     _check_step(capacity, context, 16, block_n, tiles_per_split, steps, None)
 
 
+@pytest.mark.parametrize(
+    ("capacity", "context", "starts"),
+    [
+        (2, 2, [0, 1, 2, 5]),  # a ring of this step's two entries only: no older ones
+        (17, 1, [0, 16, 33, 1000]),  # each query sees its own key alone
+        (17, 2, [0, 15, 16, 1000]),  # query 0 sees one older entry, query 1 none
+        (40, 39, [38, 39, 79, 1000]),  # the start one entry before a wrap, and long after
+    ],
+)
+@pytest.mark.parametrize(("block_n", "tiles_per_split"), [(16, 1), (16, 16)])
+def test_the_pair_form_at_its_edges(
+    capacity: int, context: int, starts: list[int], block_n: int, tiles_per_split: int
+) -> None:
+    heads, head_dim = 2, 16
+    qkv, keys, values, start = _step_inputs(starts, heads, head_dim, capacity, seed=capacity)
+    positions = start[:, None] + torch.arange(2, device=DEVICE)
+    cos, sin = rope_tables(positions, _freqs(head_dim))
+    want_keys, want_values = keys.clone(), values.clone()
+    want = ring_attention_step_reference(qkv, cos, sin, want_keys, want_values, start, context)
+    got = ring_attention_step(
+        qkv, cos, sin, keys, values, start, context, block_n, tiles_per_split, pair=True
+    )
+    assert torch.equal(values, want_values)
+    assert torch.allclose(got, want, atol=1e-5, rtol=1e-5), (got - want).abs().max()
+
+
 def test_the_pair_form_takes_two_queries_only() -> None:
     qkv, keys, values, start = _step_inputs([3], 2, 16, 8, seed=2, steps=4)
     cos, sin = rope_tables(start[:, None] + torch.arange(4, device=DEVICE), _freqs(16))
