@@ -110,10 +110,24 @@ def test_sigterm_mid_run_stops_the_engine_and_reports_what_ran(tmp_path: Path) -
     assert not [pid for pid in engines if Path(f"/proc/{pid}").exists()], "engine left running"
 
 
+def _engines_of(pid: int) -> list[int]:
+    """The bench's engine processes: its children running `cadence engine` (not, say, the
+    `uname -p` that platform.platform() runs while the bench describes its machine)."""
+    found = []
+    for child in children_of(pid):
+        try:
+            argv = Path(f"/proc/{child}/cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue  # it has exited
+        if b"engine" in argv and b"cadence" in argv:
+            found.append(child)
+    return found
+
+
 def test_an_engine_that_dies_mid_run_is_an_error_in_the_result() -> None:
     bench = _start_bench("--slots=1", "--seconds=30")
     deadline = time.monotonic() + 60
-    while not (engines := children_of(bench.pid)):
+    while not (engines := _engines_of(bench.pid)):
         assert time.monotonic() < deadline, "no engine started"
         time.sleep(0.1)
     time.sleep(2.0)  # calls open, ticking
