@@ -88,7 +88,8 @@ def profile_tick(slots: int, kv_dtype: torch.dtype | None) -> dict[str, Any]:
     for tick in ticks:
         advances = frontier_advances([(start, end) for start, end, _ in tick])
         for (_, _, name), advance in zip(tick, advances, strict=True):
-            advanced[short_name(name)] = advanced.get(short_name(name), 0.0) + advance
+            family = short_name(name)
+            advanced[family] = advanced.get(family, 0.0) + advance
     row: dict[str, Any] = {
         "slots": slots,
         "kernels_per_tick": per_tick,

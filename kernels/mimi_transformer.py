@@ -121,8 +121,8 @@ from kernels.device import multiprocessors
 # Pipelining the tile loop two deep gained 5-7% in the generic form (91.7 -> 86.3 at 128
 # slots); in the pair form it lost at 64x4x4 (50.6 against 48.0) and at 32x8x4 tied it at
 # 128 and gained 4% at 300 (105.4 against 109.6) but lost at 32 (13.0 against 10.1), so the
-# loop is not pipelined and one shape serves from the chip up. Two
-# other generic forms were no faster and were dropped: fp32 tl.dot with the queries padded
+# loop is not pipelined and one shape serves from the chip up. Two other generic forms were
+# no faster and were dropped: fp32 tl.dot with the queries padded
 # to 16 (123-134 us at 128 slots; mimi_gpu_attention_dot_sweep_a5f1945.json) and the per-row
 # softmax state alone, with the [T, block_n, head_dim] products kept (84.1 at best at 128;
 # mimi_gpu_attention_per_row_sweep_ffb5485.json). Before the pair form (T = 2 then through
@@ -131,8 +131,9 @@ from kernels.device import multiprocessors
 # 64 x 64 fp32 K and V tiles (and the pair form's two accumulators) in 4 warps' registers
 FULL_CHIP_SHAPE = (64, 4, 4)
 # below one program per multiprocessor (rows: the unsplit grid's programs, slots * heads):
-# SMALL_SPLIT_SHAPES' first (rows at most, shape) that fits, else SPLIT_SHAPE
-SMALL_SPLIT_SHAPES = ((8, (16, 1, 4)),)
+# SMALL_SPLIT_SHAPE up to SMALL_SPLIT_ROWS rows (1 slot), else SPLIT_SHAPE
+SMALL_SPLIT_ROWS = 8
+SMALL_SPLIT_SHAPE = (16, 1, 4)
 SPLIT_SHAPE = (32, 2, 4)
 # a running max below any real score but finite: a fully masked tile rescales by exp2(0) = 1
 EMPTY_MAX = -1.0e30
@@ -274,14 +275,10 @@ def _ring_attention_step_kernel(  # type: ignore[no-untyped-def,unused-ignore]
         )  # fmt: skip
     else:
         for first in range(lo, hi, block_n):
-            index = first + tl.arange(0, block_n)
-            age = final - index
-            age = tl.where(age < 0, age + capacity, age)
-            live = (index < hi) & (age >= steps) & (age <= oldest)
-            entry = ring + index.to(tl.int64)[:, None] * head_dim + dims[None, :]
-            # both loads before any arithmetic: the tile's K and V are in flight together
-            k = tl.load(keys_ptr + entry, mask=live[:, None], other=0.0)  # [block_n, head_dim]
-            v = tl.load(values_ptr + entry, mask=live[:, None], other=0.0)
+            age, live, k, v = _older_tile(
+                keys_ptr, values_ptr, ring, first, hi, final, oldest, capacity, steps,
+                head_dim, block_n,
+            )  # fmt: skip
             scores = tl.sum(q[:, None, :] * k[None, :, :], axis=2) * qk_scale_log2  # [T, block_n]
             valid = live[None, :] & (age[None, :] < context + reach[:, None])
             scores = tl.where(valid, scores, float("-inf"))
@@ -332,7 +329,6 @@ def _attend_older_pair(  # type: ignore[no-untyped-def,unused-ignore]
     loop ends (so no step reduces across the tile's rows); merged then with this step's
     keys' state (run_max, run_sum, acc: [2], [2], [2, head_dim]), which it returns updated."""
     tokens = tl.arange(0, 2)
-    dims = tl.arange(0, head_dim)
     first_q = tokens[:, None] == 0
     q0 = tl.sum(tl.where(first_q, q, 0.0), axis=0)  # [head_dim]
     q1 = tl.sum(tl.where(first_q, 0.0, q), axis=0)
@@ -343,13 +339,9 @@ def _attend_older_pair(  # type: ignore[no-untyped-def,unused-ignore]
     acc0 = tl.zeros([block_n, head_dim], dtype=tl.float32)
     acc1 = tl.zeros([block_n, head_dim], dtype=tl.float32)
     for first in range(lo, hi, block_n):
-        index = first + tl.arange(0, block_n)
-        age = final - index
-        age = tl.where(age < 0, age + capacity, age)
-        live = (index < hi) & (age >= 2) & (age <= oldest)
-        entry = ring + index.to(tl.int64)[:, None] * head_dim + dims[None, :]
-        k = tl.load(keys_ptr + entry, mask=live[:, None], other=0.0)  # [block_n, head_dim]
-        v = tl.load(values_ptr + entry, mask=live[:, None], other=0.0)
+        age, live, k, v = _older_tile(
+            keys_ptr, values_ptr, ring, first, hi, final, oldest, capacity, 2, head_dim, block_n
+        )
         # query 0 lies one position before query 1: it reaches one entry further back
         score0 = tl.sum(k * q0[None, :], axis=1) * qk_scale_log2  # [block_n]
         score0 = tl.where(live & (age < context + 1), score0, float("-inf"))
@@ -372,6 +364,34 @@ def _attend_older_pair(  # type: ignore[no-untyped-def,unused-ignore]
     rows_acc1 = tl.sum(acc1 * rows1[:, None], axis=0)
     rows_acc = tl.where(first_q, rows_acc0[None, :], rows_acc1[None, :])  # [2, head_dim]
     return top, run_sum * own_scale + rows_sum, acc * own_scale[:, None] + rows_acc
+
+
+@triton.jit  # type: ignore[untyped-decorator,unused-ignore]
+def _older_tile(  # type: ignore[no-untyped-def,unused-ignore]
+    keys_ptr,
+    values_ptr,
+    ring,
+    first,
+    hi,
+    final,
+    oldest,
+    capacity,
+    steps: tl.constexpr,
+    head_dim: tl.constexpr,
+    block_n: tl.constexpr,
+):
+    """The tile of ring entries first..first + block_n: each entry's age (frames before the
+    last query's), whether it is an older entry to attend (inside the run, older than this
+    step's `steps` keys, not before position 0), and its K and V [block_n, head_dim], zero
+    where not live. Both loads before any arithmetic: they are in flight together."""
+    index = first + tl.arange(0, block_n)
+    age = final - index
+    age = tl.where(age < 0, age + capacity, age)
+    live = (index < hi) & (age >= steps) & (age <= oldest)
+    entry = ring + index.to(tl.int64)[:, None] * head_dim + tl.arange(0, head_dim)[None, :]
+    k = tl.load(keys_ptr + entry, mask=live[:, None], other=0.0)
+    v = tl.load(values_ptr + entry, mask=live[:, None], other=0.0)
+    return age, live, k, v
 
 
 @triton.jit  # type: ignore[untyped-decorator,unused-ignore]
@@ -433,7 +453,7 @@ def step_shape(rows: int, device: torch.device) -> tuple[int, int, int]:
     FULL_CHIP_SHAPE (table above)."""
     if rows >= multiprocessors(device, 1):
         return FULL_CHIP_SHAPE
-    return next((shape for most, shape in SMALL_SPLIT_SHAPES if rows <= most), SPLIT_SHAPE)
+    return SMALL_SPLIT_SHAPE if rows <= SMALL_SPLIT_ROWS else SPLIT_SHAPE
 
 
 def ring_attention_step(

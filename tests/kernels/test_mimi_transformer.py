@@ -17,7 +17,8 @@ from engine.models.moshi.attention import apply_rope, ring_mask, ring_write, rop
 from kernels.arrivals import _COUNTS
 from kernels.mimi_transformer import (
     FULL_CHIP_SHAPE,
-    SMALL_SPLIT_SHAPES,
+    SMALL_SPLIT_ROWS,
+    SMALL_SPLIT_SHAPE,
     SPLIT_SHAPE,
     residual_layer_norm,
     residual_layer_norm_reference,
@@ -192,12 +193,11 @@ def test_step_shape_splits_the_ring_while_the_grid_leaves_multiprocessors_idle(
     monkeypatch.setattr(kernels.mimi_transformer, "multiprocessors", lambda device, off: 132)
     cuda = torch.device("cuda")
     # Moshi's Mimi: 8 heads, so 16 slots are 128 programs unsplit and 17 are 136
-    ((most, one),), two_to_sixteen = SMALL_SPLIT_SHAPES, SPLIT_SHAPE
-    assert most == 8
-    assert step_shape(8, cuda) == one
-    assert step_shape(16, cuda) == step_shape(128, cuda) == two_to_sixteen
+    assert SMALL_SPLIT_ROWS == 8
+    assert step_shape(8, cuda) == SMALL_SPLIT_SHAPE
+    assert step_shape(9, cuda) == step_shape(16, cuda) == step_shape(128, cuda) == SPLIT_SHAPE
     assert step_shape(136, cuda) == step_shape(2400, cuda) == FULL_CHIP_SHAPE
-    assert len({one, two_to_sixteen, FULL_CHIP_SHAPE}) == 3
+    assert len({SMALL_SPLIT_SHAPE, SPLIT_SHAPE, FULL_CHIP_SHAPE}) == 3
 
 
 def test_reference_is_the_eager_attention() -> None:
