@@ -139,7 +139,7 @@ CUDA_CORE_ROWS = 4  # default_tiles: rows up to this many on the CUDA cores
 SWAP_K = 4096
 NORM_K = 512  # the swapped kernel's norm statistics: this much of k per iteration
 SHARED_BYTES = 200 << 10  # the swapped kernel's pipeline stages: at most this much (228 KB/SM)
-# per device: the split units' sums and arrival counts, the last the largest (_split_workspace)
+# per device: the split units' sums and arrival counts, the last the largest (split_workspace)
 _WORKSPACES: dict[torch.device, list[tuple[Tensor, Tensor]]] = {}
 
 
@@ -235,7 +235,7 @@ def _load_rows(  # type: ignore[no-untyped-def,unused-ignore]
 
 
 @triton.jit  # type: ignore[untyped-decorator,unused-ignore]
-def _weight_tiles(weight_ptr, stride_weight, n, k, col, cols, gated: tl.constexpr):  # type: ignore[no-untyped-def,unused-ignore]
+def weight_tiles(weight_ptr, stride_weight, n, k, col, cols, gated: tl.constexpr):  # type: ignore[no-untyped-def,unused-ignore]
     """The [block_n, block_k] weight tile of output columns `col` at reduction columns `cols`
     (and its up tile when gated; else the same tile again, unused). Each weight is read once:
     it need not stay in L2, the rows do."""
@@ -250,7 +250,7 @@ def _weight_tiles(weight_ptr, stride_weight, n, k, col, cols, gated: tl.constexp
 
 
 @triton.jit  # type: ignore[untyped-decorator,unused-ignore]
-def _inverse_rms(  # type: ignore[no-untyped-def,unused-ignore]
+def inverse_rms(  # type: ignore[no-untyped-def,unused-ignore]
     x_ptr,
     pending_ptr,
     total_ptr,
@@ -285,7 +285,7 @@ def _inverse_rms(  # type: ignore[no-untyped-def,unused-ignore]
 
 
 @triton.jit  # type: ignore[untyped-decorator,unused-ignore]
-def _normed_rows(  # type: ignore[no-untyped-def,unused-ignore]
+def normed_rows(  # type: ignore[no-untyped-def,unused-ignore]
     x_ptr,
     pending_ptr,
     alpha_ptr,
@@ -300,7 +300,7 @@ def _normed_rows(  # type: ignore[no-untyped-def,unused-ignore]
     has_pending: tl.constexpr,
 ):
     """[block_m, block_k] of x (+ pending) at columns `cols`, RMS-normed with `inv`
-    (_inverse_rms) and the gain when `norm`, rounded to x's dtype."""
+    (inverse_rms) and the gain when `norm`, rounded to x's dtype."""
     cols_in = cols < k
     inside = row_in[:, None] & cols_in[None, :]
     x = _load_rows(x_ptr, pending_ptr, stride_x, stride_pending, row, cols, inside, has_pending)
@@ -367,13 +367,11 @@ def _fused_linear_kernel(  # type: ignore[no-untyped-def,unused-ignore]
     # the first weight tile is loaded before the wait: weights are never written in a tick,
     # so under PDL this load overlaps the kernel before. Each later tile is loaded one
     # iteration ahead (a tile past the last is fully masked: no load is issued)
-    w, w_up = _weight_tiles(
-        weight_ptr, stride_weight, n, k, program * block_n + lanes, steps, gated
-    )
+    w, w_up = weight_tiles(weight_ptr, stride_weight, n, k, program * block_n + lanes, steps, gated)
     wait_for_inputs(pdl)
     inv = tl.zeros([block_m], dtype=tl.float32)  # read only when norm
     if norm:
-        inv = _inverse_rms(
+        inv = inverse_rms(
             x_ptr, pending_ptr, total_ptr, stride_x, stride_pending, k, eps, row, row_in,
             steps, program == 0, has_pending,
         )  # fmt: skip
@@ -385,10 +383,10 @@ def _fused_linear_kernel(  # type: ignore[no-untyped-def,unused-ignore]
         after = tile + 1
         next_col = (program + (after // k_tiles) * programs) * block_n + lanes
         next_col = tl.where(after < tiles, next_col, n)  # past the last tile: masked out
-        w_next, w_up_next = _weight_tiles(
+        w_next, w_up_next = weight_tiles(
             weight_ptr, stride_weight, n, k, next_col, (after % k_tiles) * block_k + steps, gated
         )
-        x = _normed_rows(
+        x = normed_rows(
             x_ptr, pending_ptr, alpha_ptr, stride_x, stride_pending, row, row_in,
             k_tile * block_k + steps, k, inv, norm, has_pending,
         )  # fmt: skip
@@ -503,7 +501,7 @@ def _swapped_linear_kernel(  # type: ignore[no-untyped-def,unused-ignore]
     wait_for_inputs(pdl)
     inv = tl.zeros([block_m], dtype=tl.float32)  # read only when norm
     if norm:
-        inv = _inverse_rms(
+        inv = inverse_rms(
             x_ptr, pending_ptr, total_ptr, stride_x, stride_pending, k, eps, row, row_in,
             tl.arange(0, norm_k), program == 0, has_pending,
         )  # fmt: skip
@@ -518,14 +516,14 @@ def _swapped_linear_kernel(  # type: ignore[no-untyped-def,unused-ignore]
         first_k = unit % splits * part_k
         for start in range(first_k, tl.minimum(k, first_k + part_k), block_k):
             cols = start + tl.arange(0, block_k)
-            w, w_up = _weight_tiles(weight_ptr, stride_weight, n, k, col, cols, gated)
-            x = _normed_rows(
+            w, w_up = weight_tiles(weight_ptr, stride_weight, n, k, col, cols, gated)
+            x = normed_rows(
                 x_ptr, pending_ptr, alpha_ptr, stride_x, stride_pending, row, row_in, cols,
                 k, inv, norm, has_pending,
             )  # fmt: skip
-            acc = _product_swapped(acc, w, x, widen)
+            acc = product_swapped(acc, w, x, widen)
             if gated:
-                acc_up = _product_swapped(acc_up, w_up, x, widen)
+                acc_up = product_swapped(acc_up, w_up, x, widen)
         last = True
         if splits > 1:
             unit_sums = partial_ptr + tl.cast(unit, tl.int64) * (2 * block_n * block_m) + part
@@ -552,7 +550,7 @@ def _swapped_linear_kernel(  # type: ignore[no-untyped-def,unused-ignore]
 
 
 @triton.jit  # type: ignore[untyped-decorator,unused-ignore]
-def _product_swapped(acc, w, x, widen: tl.constexpr):  # type: ignore[no-untyped-def,unused-ignore]
+def product_swapped(acc, w, x, widen: tl.constexpr):  # type: ignore[no-untyped-def,unused-ignore]
     """acc [block_n, block_m] + w [block_n, block_k] @ x [block_m, block_k]^T, in fp32."""
     if widen:
         acc = tl.dot(w.to(tl.float32), tl.trans(x.to(tl.float32)), acc, input_precision="ieee")
@@ -568,7 +566,7 @@ def _rows(x: Tensor, width: int, name: str) -> Tensor:
     return x.view(-1, width)
 
 
-def _split_workspace(device: torch.device, sums: int, blocks: int) -> tuple[Tensor, Tensor]:
+def split_workspace(device: torch.device, sums: int, blocks: int) -> tuple[Tensor, Tensor]:
     """The split units' fp32 sums (at least `sums`) and the int32 arrival counts (at least
     `blocks`, zero between launches) on `device`: one pair for every launch there, as the
     kernels of a tick run one after another on one stream. A launch that needs more gets a
@@ -669,7 +667,7 @@ def _launch(
         kernel = _swapped_linear_kernel
         # per unit, [block_n, block_m] fp32 sums of the product and as many of the up half
         sums = blocks * tiles.splits * 2 * tiles.block_n * block_m
-        workspace = list(_split_workspace(x.device, sums, blocks))
+        workspace = list(split_workspace(x.device, sums, blocks))
         stages = fitted_stages(
             tiles, block_m, gated, pending is not None, alpha is not None, x.element_size()
         )
