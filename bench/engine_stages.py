@@ -28,10 +28,7 @@ kernels skipped at every slot count (`<stage>_skipping`, dependent_launch.ALL_UP
 against PDL everywhere (`_pdl_all`); `blas`, torch's default BLAS library choice
 (`_blas_default`) against cuBLASLt preferred (`_cublaslt`); `window`, Mimi's convolution
 windows in one launch (`_window`, kernels/seanet_window.py) against torch's ops
-(`_no_window`); `streamed`, the temporal layer's GEMMs at few slots on
-kernels/streamed_linear.py with the norms as prologues (`_streamed`), with the norms apart
-(`_streamed_norm_apart`) and on cuBLAS and the swapped tiles (`_tiled`). Each knob is
-set back as served after its experiment.
+(`_no_window`). Each knob is set back as served after its experiment.
 
 Reported per stage: median and p99 ms per replay (CUDA events, 50 replays after 5), and the
 number of kernels one eager run of the stage launches (torch profiler). The sum of the
@@ -63,7 +60,6 @@ from engine.models.moshi.mimi.seanet import StreamingConv1d
 from engine.models.moshi.model import randomize
 from engine.models.moshi.sampling import Sampling, sample
 from engine.models.moshi.transformer import FEW_ROWS as TEMPORAL_FEW_ROWS
-from engine.models.moshi.transformer import STREAMED as SERVED_STREAMED
 from kernels import dependent_launch
 from kernels.fused_linear import MAX_ROWS, Tiles
 
@@ -88,17 +84,15 @@ def convolutions(mimi: MimiCodec) -> list[StreamingConv1d]:
     return [module for module in mimi.modules() if isinstance(module, StreamingConv1d)]
 
 
-def serve(lm: MoshiLm, mimi: MimiCodec) -> None:
+def serve(mimi: MimiCodec) -> None:
     """Every experiment's knob as served."""
     dependent_launch.ALL_UP_TO = SERVED_ALL_UP_TO
-    for layer in lm.transformer.layers:
-        layer.streamed = SERVED_STREAMED
     torch.backends.cuda.preferred_blas_library("default")
     for module in convolutions(mimi):
         module.window_kernel = None
 
 
-def experiments(slots: int, lm: MoshiLm, mimi: MimiCodec, names: list[str]) -> list[Arms]:
+def experiments(slots: int, mimi: MimiCodec, names: list[str]) -> list[Arms]:
     """The A/B experiments asked for (`--ab`), each as its two arms (key suffix, setter)."""
 
     def all_up_to(rows: int) -> Callable[[], None]:
@@ -117,22 +111,10 @@ def experiments(slots: int, lm: MoshiLm, mimi: MimiCodec, names: list[str]) -> l
 
         return apply
 
-    def streamed(mode: str | None) -> Callable[[], None]:
-        def apply() -> None:
-            for layer in lm.transformer.layers:
-                layer.streamed = mode
-
-        return apply
-
     known: dict[str, Arms] = {
         "skip": [("_skipping", all_up_to(0)), ("_pdl_all", all_up_to(slots))],
         "blas": [("_blas_default", blas("default")), ("_cublaslt", blas("cublaslt"))],
         "window": [("_window", window(True)), ("_no_window", window(False))],
-        "streamed": [
-            ("_streamed", streamed("fused_norm")),
-            ("_streamed_norm_apart", streamed("norm_apart")),
-            ("_tiled", streamed(None)),
-        ],
     }
     return [known[name] for name in names]
 
@@ -184,14 +166,14 @@ def stages(
                 row[name + suffix] = timed(stage)
                 log.info("%d slots %s %s", slots, name + suffix, row[name + suffix])
             # with PDL on only: off, the skip arms would be one setting twice
-            for arms in experiments(slots, lm, mimi, ab) if enabled else []:
+            for arms in experiments(slots, mimi, ab) if enabled else []:
                 for round_, (arm, apply) in enumerate(arms * 2):
                     apply()
-                    key = suffix + arm + ("_again" if round_ >= len(arms) else "")
+                    key = suffix + arm + ("_again" if round_ >= 2 else "")
                     for name, stage in plan.items():
                         row[name + key] = timed(stage)
                         log.info("%d slots %s %s", slots, name + key, row[name + key])
-                serve(lm, mimi)
+                serve(mimi)
             if per_op and "depformer" in plan:
                 lm.depformer.few_rows = 0
                 row["depformer_per_op" + suffix] = timed(plan["depformer"])

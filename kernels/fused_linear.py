@@ -117,6 +117,20 @@ Measured on one H200 (torch 2.11, Triton 3.6, bf16, random weights, CUDA graphs)
   13.1 GB of weights in the ~3.8 ms the stage's other kernels leave, ~3.4 TB/s, as cuBLAS; a
   GEMV that streams at >= 4 TB/s likely needs another structure (bulk tensor copies into
   shared memory, several stages deep), not other tiles.
+- stream-K on the swapped tiles (commit 8c495db, reverted): one program per multiprocessor,
+  the weight's tiles cut in equal runs walked in one flat loop, blocks cut between programs
+  merged by the last to arrive. Slower everywhere, at one row with PDL as in a tick (us a
+  call, `python3 bench/kernels_streamed_linear.py --rows 1,4` as it was, bench/results/
+  kernels_streamed_linear_8c495db.json; its tb_per_s fields read 0, a rounding slip: divide
+  weight_mb by us): out + residual 13.3-14.3 against 10.7 for these split tiles, down +
+  residual 29.3-31.1 against 25.1, qkv with the norm as prologue 34.9 at best against 28.1
+  for the norm kernel + cuBLAS, gate/up + norm + SiLU 60.4 at best against 51.2; a layer's
+  four GEMMs 127 us with the norms apart, 197 as prologues, against 115; the temporal stage
+  at 1 slot 4.58-4.63 ms (norms apart) and 6.71-6.73 (prologues) against 4.21
+  (`bench/engine_stages.py --slots 1,4 --stages temporal --ab streamed` as it was,
+  engine_stages_streamed_8c495db.json). The even split gains nothing where these tiles
+  already fill 128 of 132 multiprocessors, and the flat loop with its epilogue inside
+  streams slower than a plain k loop.
 """
 
 from dataclasses import dataclass
@@ -139,7 +153,7 @@ CUDA_CORE_ROWS = 4  # default_tiles: rows up to this many on the CUDA cores
 SWAP_K = 4096
 NORM_K = 512  # the swapped kernel's norm statistics: this much of k per iteration
 SHARED_BYTES = 200 << 10  # the swapped kernel's pipeline stages: at most this much (228 KB/SM)
-# per device: the split units' sums and arrival counts, the last the largest (split_workspace)
+# per device: the split units' sums and arrival counts, the last the largest (_split_workspace)
 _WORKSPACES: dict[torch.device, list[tuple[Tensor, Tensor]]] = {}
 
 
@@ -235,7 +249,7 @@ def _load_rows(  # type: ignore[no-untyped-def,unused-ignore]
 
 
 @triton.jit  # type: ignore[untyped-decorator,unused-ignore]
-def weight_tiles(weight_ptr, stride_weight, n, k, col, cols, gated: tl.constexpr):  # type: ignore[no-untyped-def,unused-ignore]
+def _weight_tiles(weight_ptr, stride_weight, n, k, col, cols, gated: tl.constexpr):  # type: ignore[no-untyped-def,unused-ignore]
     """The [block_n, block_k] weight tile of output columns `col` at reduction columns `cols`
     (and its up tile when gated; else the same tile again, unused). Each weight is read once:
     it need not stay in L2, the rows do."""
@@ -250,7 +264,7 @@ def weight_tiles(weight_ptr, stride_weight, n, k, col, cols, gated: tl.constexpr
 
 
 @triton.jit  # type: ignore[untyped-decorator,unused-ignore]
-def inverse_rms(  # type: ignore[no-untyped-def,unused-ignore]
+def _inverse_rms(  # type: ignore[no-untyped-def,unused-ignore]
     x_ptr,
     pending_ptr,
     total_ptr,
@@ -285,7 +299,7 @@ def inverse_rms(  # type: ignore[no-untyped-def,unused-ignore]
 
 
 @triton.jit  # type: ignore[untyped-decorator,unused-ignore]
-def normed_rows(  # type: ignore[no-untyped-def,unused-ignore]
+def _normed_rows(  # type: ignore[no-untyped-def,unused-ignore]
     x_ptr,
     pending_ptr,
     alpha_ptr,
@@ -300,7 +314,7 @@ def normed_rows(  # type: ignore[no-untyped-def,unused-ignore]
     has_pending: tl.constexpr,
 ):
     """[block_m, block_k] of x (+ pending) at columns `cols`, RMS-normed with `inv`
-    (inverse_rms) and the gain when `norm`, rounded to x's dtype."""
+    (_inverse_rms) and the gain when `norm`, rounded to x's dtype."""
     cols_in = cols < k
     inside = row_in[:, None] & cols_in[None, :]
     x = _load_rows(x_ptr, pending_ptr, stride_x, stride_pending, row, cols, inside, has_pending)
@@ -367,11 +381,13 @@ def _fused_linear_kernel(  # type: ignore[no-untyped-def,unused-ignore]
     # the first weight tile is loaded before the wait: weights are never written in a tick,
     # so under PDL this load overlaps the kernel before. Each later tile is loaded one
     # iteration ahead (a tile past the last is fully masked: no load is issued)
-    w, w_up = weight_tiles(weight_ptr, stride_weight, n, k, program * block_n + lanes, steps, gated)
+    w, w_up = _weight_tiles(
+        weight_ptr, stride_weight, n, k, program * block_n + lanes, steps, gated
+    )
     wait_for_inputs(pdl)
     inv = tl.zeros([block_m], dtype=tl.float32)  # read only when norm
     if norm:
-        inv = inverse_rms(
+        inv = _inverse_rms(
             x_ptr, pending_ptr, total_ptr, stride_x, stride_pending, k, eps, row, row_in,
             steps, program == 0, has_pending,
         )  # fmt: skip
@@ -383,10 +399,10 @@ def _fused_linear_kernel(  # type: ignore[no-untyped-def,unused-ignore]
         after = tile + 1
         next_col = (program + (after // k_tiles) * programs) * block_n + lanes
         next_col = tl.where(after < tiles, next_col, n)  # past the last tile: masked out
-        w_next, w_up_next = weight_tiles(
+        w_next, w_up_next = _weight_tiles(
             weight_ptr, stride_weight, n, k, next_col, (after % k_tiles) * block_k + steps, gated
         )
-        x = normed_rows(
+        x = _normed_rows(
             x_ptr, pending_ptr, alpha_ptr, stride_x, stride_pending, row, row_in,
             k_tile * block_k + steps, k, inv, norm, has_pending,
         )  # fmt: skip
@@ -501,7 +517,7 @@ def _swapped_linear_kernel(  # type: ignore[no-untyped-def,unused-ignore]
     wait_for_inputs(pdl)
     inv = tl.zeros([block_m], dtype=tl.float32)  # read only when norm
     if norm:
-        inv = inverse_rms(
+        inv = _inverse_rms(
             x_ptr, pending_ptr, total_ptr, stride_x, stride_pending, k, eps, row, row_in,
             tl.arange(0, norm_k), program == 0, has_pending,
         )  # fmt: skip
@@ -516,14 +532,14 @@ def _swapped_linear_kernel(  # type: ignore[no-untyped-def,unused-ignore]
         first_k = unit % splits * part_k
         for start in range(first_k, tl.minimum(k, first_k + part_k), block_k):
             cols = start + tl.arange(0, block_k)
-            w, w_up = weight_tiles(weight_ptr, stride_weight, n, k, col, cols, gated)
-            x = normed_rows(
+            w, w_up = _weight_tiles(weight_ptr, stride_weight, n, k, col, cols, gated)
+            x = _normed_rows(
                 x_ptr, pending_ptr, alpha_ptr, stride_x, stride_pending, row, row_in, cols,
                 k, inv, norm, has_pending,
             )  # fmt: skip
-            acc = product_swapped(acc, w, x, widen)
+            acc = _product_swapped(acc, w, x, widen)
             if gated:
-                acc_up = product_swapped(acc_up, w_up, x, widen)
+                acc_up = _product_swapped(acc_up, w_up, x, widen)
         last = True
         if splits > 1:
             unit_sums = partial_ptr + tl.cast(unit, tl.int64) * (2 * block_n * block_m) + part
@@ -550,7 +566,7 @@ def _swapped_linear_kernel(  # type: ignore[no-untyped-def,unused-ignore]
 
 
 @triton.jit  # type: ignore[untyped-decorator,unused-ignore]
-def product_swapped(acc, w, x, widen: tl.constexpr):  # type: ignore[no-untyped-def,unused-ignore]
+def _product_swapped(acc, w, x, widen: tl.constexpr):  # type: ignore[no-untyped-def,unused-ignore]
     """acc [block_n, block_m] + w [block_n, block_k] @ x [block_m, block_k]^T, in fp32."""
     if widen:
         acc = tl.dot(w.to(tl.float32), tl.trans(x.to(tl.float32)), acc, input_precision="ieee")
@@ -566,7 +582,7 @@ def _rows(x: Tensor, width: int, name: str) -> Tensor:
     return x.view(-1, width)
 
 
-def split_workspace(device: torch.device, sums: int, blocks: int) -> tuple[Tensor, Tensor]:
+def _split_workspace(device: torch.device, sums: int, blocks: int) -> tuple[Tensor, Tensor]:
     """The split units' fp32 sums (at least `sums`) and the int32 arrival counts (at least
     `blocks`, zero between launches) on `device`: one pair for every launch there, as the
     kernels of a tick run one after another on one stream. A launch that needs more gets a
@@ -667,7 +683,7 @@ def _launch(
         kernel = _swapped_linear_kernel
         # per unit, [block_n, block_m] fp32 sums of the product and as many of the up half
         sums = blocks * tiles.splits * 2 * tiles.block_n * block_m
-        workspace = list(split_workspace(x.device, sums, blocks))
+        workspace = list(_split_workspace(x.device, sums, blocks))
         stages = fitted_stages(
             tiles, block_m, gated, pending is not None, alpha is not None, x.element_size()
         )

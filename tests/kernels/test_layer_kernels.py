@@ -234,19 +234,14 @@ def _one_slot_transformer(
 
 
 @pytest.mark.parametrize(
-    ("streamed", "tiles"),
-    [
-        ("fused_norm", None),
-        ("norm_apart", None),
-        (None, None),
-        (None, Tiles(block_n=16, block_k=32, dot=True, programs_per_sm=2, swap=True, splits=2)),
-    ],
-    ids=["streamed", "streamed_norm_apart", "tiled_default", "tiled_swapped_split"],
+    "tiles",
+    [None, Tiles(block_n=16, block_k=32, dot=True, programs_per_sm=2, swap=True, splits=2)],
+    ids=["default_tiles", "swapped_split"],
 )
 def test_temporal_few_rows_path_matches_the_torch_path(
-    streamed: str | None, tiles: Tiles | None, monkeypatch: pytest.MonkeyPatch
+    tiles: Tiles | None, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    if tiles is not None:  # the tiles the 7B shapes took, at a size the interpreter runs
+    if tiles is not None:  # the tiles the 7B shapes take, at a size the interpreter runs
         monkeypatch.setattr(fused_linear, "default_tiles", lambda *_: tiles)
     slots, dim, frames = 1, 64, 3
     outputs = []
@@ -256,7 +251,6 @@ def test_temporal_few_rows_path_matches_the_torch_path(
         with torch.no_grad():
             for module in transformer.modules():
                 if isinstance(module, TemporalLayer):
-                    module.streamed = streamed
                     for norm in (module.norm1, module.norm2):
                         norm.alpha.copy_(_randn(1, 1, dim, dtype=torch.float32, seed=18))
             steps = [_randn(slots, 1, dim, dtype=torch.float32, seed=19 + f) for f in range(frames)]

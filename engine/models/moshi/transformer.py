@@ -43,10 +43,6 @@ RMS_EPS = 1e-8
 # the largest batch whose decode steps run on the few-rows linears of kernels/fused_linear.py
 # (TemporalLayer._few_rows; measured: see that module's docstring); at most its MAX_ROWS
 FEW_ROWS = 4
-# TemporalLayer._few_rows' four GEMMs: on kernels/streamed_linear.py with each norm the
-# prologue of the GEMM after it ("fused_norm") or a launch of its own ("norm_apart"), or
-# (None) on cuBLAS and kernels/fused_linear.py's swapped tiles
-STREAMED: str | None = "fused_norm"
 
 
 class GatedFfn(nn.Module):
@@ -109,8 +105,6 @@ class TemporalLayer(nn.Module):
         # None: the fused norm and gate kernels on CUDA only (see fused_on). Read at every call:
         # set it before a graph is captured
         self.fused: bool | None = None
-        # _few_rows' GEMMs (see STREAMED). Read at every call
-        self.streamed: str | None = STREAMED
 
     def forward(
         self,
@@ -169,8 +163,6 @@ class TemporalLayer(nn.Module):
         attention, gating = self.self_attn, self.gating
         batch, _, dim = x.shape
         heads = attention.num_heads
-        if self.streamed is not None:
-            return self._streamed(x, start, keys, values, ring, self.streamed == "fused_norm")
         normed = rms_norm(x, self.norm1.alpha, self.norm1.eps, True)
         qkv = attention.in_proj(normed).view(batch, 1, 3, heads, dim // heads)
         attended = attention.decode(qkv, start, keys, values, ring)  # [B, H, 1, D]
@@ -179,32 +171,6 @@ class TemporalLayer(nn.Module):
         normed = rms_norm(x, self.norm2.alpha, self.norm2.eps, True)
         gated = gated_silu(gating.linear_in(normed))
         return fused_linear(gated, gating.linear_out.weight, residual=x)
-
-    def _streamed(
-        self, x: Tensor, start: Tensor, keys: Tensor, values: Tensor, ring: RingRead, norms: bool
-    ) -> Tensor:
-        """The few-rows layer with its four GEMMs streamed over every multiprocessor
-        (kernels/streamed_linear.py), the SiLU gate the gate/up GEMM's epilogue and, with
-        `norms`, each norm the prologue of the GEMM after it."""
-        # imported here: triton is absent from CPU-only installs, which never take this path
-        from kernels.streamed_linear import streamed_linear
-
-        attention, gating = self.self_attn, self.gating
-        batch, _, dim = x.shape
-        heads = attention.num_heads
-
-        def normed_linear(x: Tensor, norm: RmsNorm, weight: Tensor, gated: bool) -> Tensor:
-            if norms:
-                return streamed_linear(x, weight, alpha=norm.alpha, eps=norm.eps, gated=gated)
-            return streamed_linear(rms_norm(x, norm.alpha, norm.eps, True), weight, gated=gated)
-
-        qkv = normed_linear(x, self.norm1, attention.in_proj.weight, False)
-        qkv = qkv.view(batch, 1, 3, heads, dim // heads)
-        attended = attention.decode(qkv, start, keys, values, ring)  # [B, H, 1, D]
-        attended = attended.transpose(1, 2).reshape(batch, 1, dim)  # the heads side by side
-        x = streamed_linear(attended, attention.out_proj.weight, residual=x)
-        gated = normed_linear(x, self.norm2, gating.linear_in.weight, True)
-        return streamed_linear(gated, gating.linear_out.weight, residual=x)
 
 
 class TemporalTransformer(nn.Module):
