@@ -18,11 +18,11 @@ greedy) and captures each stage of `MoshiModel.device_step` as its own CUDA grap
 linear, kernels/fused_linear.py) as `depformer_per_op`, the before of that kernel; and the
 temporal stage with its per-op kernels (`temporal_per_op`) and, up to the kernel's MAX_ROWS
 slots, on the few-rows path whatever the default threshold (`temporal_few_rows`).
-`--pdl both` times every stage also with programmatic dependent launch off (`<stage>_no_pdl`,
-kernels/dependent_launch.py). `--tiles` times the depformer's few-rows path with each given
-fused_linear tile (`block_n:block_k:warps[:programs_per_sm]`, CUDA cores; `served`, the
-launcher's default; `resident:narrowest:warps`, resident_tiles below) as `depformer_tiles`,
-the sweep run twice in turn. `--pdl-skip` names kernels that launch without PDL in every run
+`--pdl both` times every stage also with programmatic dependent launch off
+(`<stage>_no_pdl`, kernels/dependent_launch.py). `--tiles` times the depformer's few-rows
+path with each given fused_linear tile (`block_n:block_k:warps[:programs_per_sm]`, CUDA
+cores; `served`, the launcher's default) as `depformer_tiles`, the sweep run twice in turn.
+`--pdl-skip` names kernels that launch without PDL in every run
 (kernels/dependent_launch.SKIPPED). `--ab` names A/B experiments, each timing every stage
 twice per arm, alternating (the second round's keys end in `_again`): `skip`, the skipped
 kernels skipped at every slot count (`<stage>_skipping`, dependent_launch.ALL_UP_TO 0)
@@ -72,37 +72,14 @@ def timed(stage: Callable[[], object]) -> dict[str, Any]:
     return summary(replay_ms(stage)) | {"kernels": count_kernels(stage)}
 
 
-Chooser = Callable[[int, int, int], Tiles]  # (rows, n, k) -> the tiles of that launch
-
-
-def resident_tiles(narrowest: int, warps: int) -> Chooser:
-    """A candidate for one row: each program's whole slice of the weight in one tile (the
-    row of k at once, all of it loaded before the PDL wait) and column blocks at least
-    `narrowest` wide and few enough that every program is resident at once (8 per
-    multiprocessor); other launches keep the launcher's default."""
-    default = fused_linear_module.default_tiles
-    resident = 8 * torch.cuda.get_device_properties(0).multi_processor_count
-
-    def choose(rows: int, n: int, k: int) -> Tiles:
-        if rows > 1 or k >= fused_linear_module.SWAP_K:
-            return default(rows, n, k)
-        block_n = narrowest
-        while -(-n // block_n) > resident:
-            block_n *= 2
-        block_k = 1 << (k - 1).bit_length()
-        return Tiles(block_n, block_k, False, warps, programs_per_sm=8)
-
-    return choose
+Chooser = Callable[[int, int, int, int], Tiles]  # (rows, n, k, resident) -> a launch's tiles
 
 
 def parse_tiles(spec: str) -> tuple[str, Chooser]:
     """`block_n:block_k:warps[:programs_per_sm]` -> CUDA-core Tiles for every launch;
-    `resident:narrowest:warps` -> resident_tiles; `served` -> the launcher's default."""
+    `served` -> the launcher's default."""
     if spec == "served":
         return spec, fused_linear_module.default_tiles
-    if spec.startswith("resident:"):
-        _, narrowest, warps = spec.split(":")
-        return spec, resident_tiles(int(narrowest), int(warps))
     block_n, block_k, warps, *per_sm = (int(part) for part in spec.split(":"))
     tiles = Tiles(block_n, block_k, False, warps, programs_per_sm=per_sm[0] if per_sm else 0)
     return str(tiles), lambda *_: tiles
@@ -244,7 +221,7 @@ def main() -> int:
     parser.add_argument(
         "--tiles",
         default="",
-        help="block_n:block_k:warps[:programs_per_sm], served or resident:narrowest:warps, ...",
+        help="block_n:block_k:warps[:programs_per_sm] or served, ...",
     )
     parser.add_argument("--ab", default="", help="A/B experiments: skip,blas,window")
     args = parser.parse_args()

@@ -46,7 +46,14 @@ from engine.models.moshi.model import randomize
 from engine.models.moshi.sampling import Sampling
 from engine.models.moshi.transformer import TemporalTransformer
 from kernels import dependent_launch
-from kernels.fused_linear import MAX_ROWS, Tiles, add_fused_linear, default_tiles, fused_linear
+from kernels.fused_linear import (
+    MAX_ROWS,
+    RESIDENT_PER_SM,
+    Tiles,
+    add_fused_linear,
+    default_tiles,
+    fused_linear,
+)
 from kernels.gated_silu import gated_silu
 from kernels.rms_norm import add_rms_norm, rms_norm
 
@@ -158,7 +165,8 @@ def shape_row(name: str, mode: str, n: int, k: int, rows: int) -> tuple[dict[str
     row: dict[str, Any] = {"gemm": name, "mode": mode, "rows": rows, "n": n, "k": k}
     row["before_us"] = round(us_per_call(before), 2)
     row["before_kernels"] = count_kernels(lambda: before(0))
-    row["default_tiles"] = repr(default_tiles(rows, n, k))
+    resident = RESIDENT_PER_SM * torch.cuda.get_device_properties(0).multi_processor_count
+    row["default_tiles"] = repr(default_tiles(rows, n, k, resident))
     row["default_us"] = round(us_per_call(ours(None)), 2)
     swept: dict[Tiles, float] = {}
     for tiles in SWEEP:

@@ -4,13 +4,15 @@
 
 Builds Cadence's Moshi (7B shapes, random weights, every ring full) under the graph executor
 and runs TICKS steps as the engine does on its clock: `arm` right after a step (the next one
-queued behind the doorbell), a sleep to the next 80 ms boundary, then `run` (the inputs
-written, the bell rung, one host sync). The last PROFILED steps run under the torch profiler
-(CUDA activities: kernels and copies). Per profiled step it reports the host's time in `run`
-(ring to outputs in hand) and, on the device, from the doorbell kernel's end (the bell seen)
-to the first copy in, the copies in, to the graph's first kernel, the graph's span, to the
-copies out and their end; the host's time less the device's is the ring's trip to the GPU
-and the sync's return. Medians over the profiled steps.
+queued behind the doorbell), a wait to the next 80 ms boundary (spun throughout, where the
+engine sleeps and spins its last 0.3 ms), then `run` (the inputs written, the bell rung, one
+host sync). The last PROFILED steps run under the torch profiler (kernels, copies and each
+`run` in one timeline). Per profiled step it reports the host's time in `run` (ring to
+outputs in hand), from its start to the doorbell kernel's end (the bell seen) and from the
+outputs' landing to its end, and on the device from the bell seen to the first copy in, the
+copies in, to the graph's first kernel, the graph's span, to the copies out and their end.
+Medians over the profiled steps, and the host's time in `run` for the steps before them,
+unprofiled.
 """
 
 import argparse
@@ -39,6 +41,7 @@ TICK_S = 0.08
 TICKS = 30
 PROFILED = 8
 BELL_KERNEL = "_wait_kernel"  # kernels/doorbell.py's
+RUN_MARK = "tick_timeline.run"
 
 
 def phases(events: list[tuple[float, float, str]]) -> dict[str, float]:
@@ -47,9 +50,10 @@ def phases(events: list[tuple[float, float, str]]) -> dict[str, float]:
     after = events[bell + 1 :]
     copies_in = [e for e in after[:3] if "memcpy" in e[2].lower()]
     kernels = [e for e in after if "memcpy" not in e[2].lower()]
-    copies_out = [e for e in after if "memcpy" in e[2].lower()][len(copies_in) :]
     bell_end = events[bell][1]
     graph_start, graph_end = kernels[0][0], max(end for _, end, _ in kernels)
+    # the copies out start after the graph (it may hold copies of its own)
+    copies_out = [e for e in after if "memcpy" in e[2].lower() and e[0] >= graph_end]
     return {
         "bell_to_copy_in_us": copies_in[0][0] - bell_end if copies_in else 0.0,
         "copies_in_us": (copies_in[-1][1] - copies_in[0][0]) if copies_in else 0.0,
@@ -77,7 +81,8 @@ def main() -> int:
     fill_rings(model)
     reset = np.zeros(slots, np.bool_)
     host_us: list[float] = []
-    profiler = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA])
+    activities = [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
+    profiler = torch.profiler.profile(activities=activities)
     next_tick = time.perf_counter()
     for tick in range(TICKS):
         if tick == TICKS - PROFILED:
@@ -85,12 +90,12 @@ def main() -> int:
             profiler.start()
         graph.arm()
         next_tick += TICK_S
-        while time.perf_counter() < next_tick:  # spun, as the engine's last stretch
+        while time.perf_counter() < next_tick:
             pass
         begin = time.perf_counter()
-        graph.run(pcm, reset, active)
-        if tick >= TICKS - PROFILED:
-            host_us.append((time.perf_counter() - begin) * 1e6)
+        with torch.profiler.record_function(RUN_MARK):
+            graph.run(pcm, reset, active)
+        host_us.append((time.perf_counter() - begin) * 1e6)
     graph.close()
     torch.cuda.synchronize()
     profiler.stop()
@@ -99,13 +104,23 @@ def main() -> int:
         for e in profiler.events()
         if e.device_type.name == "CUDA"
     )
+    # the host's `run` in the same timeline: before the bell is seen, after the outputs land
+    runs = sorted(
+        (e.time_range.start, e.time_range.end) for e in profiler.events() if e.name == RUN_MARK
+    )
     # one step per doorbell kernel, each up to the next (the last to the end)
     starts = [i for i, (_, _, name) in enumerate(events) if name.startswith(BELL_KERNEL)]
     steps = [phases(events[a:b]) for a, b in itertools.pairwise([*starts, len(events)])]
+    for step, (run_start, run_end), start in zip(steps, runs, starts, strict=True):
+        step["run_start_to_bell_seen_us"] = events[start][1] - run_start
+        step["outputs_to_run_end_us"] = run_end - (events[start][1] + step["bell_to_outputs_us"])
     keys = steps[0].keys()
     found = {key: round(statistics.median(step[key] for step in steps), 1) for key in keys}
-    found["host_run_us"] = round(statistics.median(host_us), 1)
+    profiled = host_us[-PROFILED:]
+    found["host_run_us"] = round(statistics.median(profiled), 1)
     found["host_less_device_us"] = round(found["host_run_us"] - found["bell_to_outputs_us"], 1)
+    # the profiler's own cost on the host's side: the same steps unprofiled
+    found["host_run_unprofiled_us"] = round(statistics.median(host_us[2:-PROFILED]), 1)
     result: dict[str, Any] = {
         "command": " ".join(sys.argv),
         "machine": machine(),
@@ -114,7 +129,7 @@ def main() -> int:
         "profiled_steps": len(steps),
         "median": found,
         "steps": steps,
-        "host_run_us": [round(us, 1) for us in host_us],
+        "host_run_us": [round(us, 1) for us in profiled],
     }
     text = json.dumps(result, indent=1)
     print(json.dumps(found))

@@ -149,6 +149,9 @@ FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 MAX_ROWS = 16  # rows of one program; more rows would re-read the weight per row block
 STREAM = tl.constexpr("evict_first")  # the weights' cache policy (read once)
 CUDA_CORE_ROWS = 4  # default_tiles: rows up to this many on the CUDA cores
+# default_tiles at one row: programs per multiprocessor, and the narrowest column block
+RESIDENT_PER_SM = 8
+RESIDENT_COLUMNS = 4
 # default_tiles: from this k (the temporal layer's residual GEMMs) the swapped, split tiles
 SWAP_K = 4096
 NORM_K = 512  # the swapped kernel's norm statistics: this much of k per iteration
@@ -176,21 +179,28 @@ class Tiles:
     splits: int = 1
 
 
-def default_tiles(rows: int, n: int, k: int) -> Tiles:
-    """The tiles the launcher takes when given none (measured: see the module docstring).
+def default_tiles(rows: int, n: int, k: int, resident: int) -> Tiles:
+    """The tiles the launcher takes when given none (measured: see the module docstring);
+    `resident`: how many programs of the CUDA-core tiles the device holds at once
+    (RESIDENT_PER_SM a multiprocessor).
 
     From k = SWAP_K (the temporal layer's residual GEMMs, its only callers there) the
     swapped tiles, 2 splits; measured only in that mode: with the norm as prologue at those
     shapes they are slower than cuBLAS (module docstring), so such a caller passes its tiles.
-    Up to CUDA_CORE_ROWS rows, whole 1024-wide slices of k at a time on the CUDA cores: at
-    one row two output columns per program, at most 8 programs per multiprocessor (each
-    walks several column blocks), at two to four rows four columns per program. More rows,
-    the broadcast product outgrows the registers: the tensor cores."""
-    del n
+    At one row on the CUDA cores, one tile a program: the whole row of k (its weight slice
+    loaded before the PDL wait, nothing loaded after it but the row), in column blocks of at
+    least RESIDENT_COLUMNS, wider while there would be more blocks than resident programs
+    (no program waits for another's multiprocessor). At two to four rows whole 1024-wide
+    slices of k at a time, four columns per program. More rows, the broadcast product
+    outgrows the registers: the tensor cores."""
     if k >= SWAP_K:
         return Tiles(block_n=64, block_k=128, dot=True, stages=6, swap=True, splits=2)
     if rows == 1:
-        return Tiles(block_n=2, block_k=1024, dot=False, programs_per_sm=8)
+        block_n = RESIDENT_COLUMNS
+        while triton.cdiv(n, block_n) > resident:
+            block_n *= 2
+        block_k = triton.next_power_of_2(k)
+        return Tiles(block_n, block_k, dot=False, programs_per_sm=RESIDENT_PER_SM)
     if rows <= CUDA_CORE_ROWS:
         return Tiles(block_n=4, block_k=1024, dot=False)
     return Tiles(block_n=16, block_k=512, dot=True)
@@ -664,7 +674,10 @@ def _launch(
         assert residual.dtype == x.dtype, (residual.dtype, x.dtype)
         assert residual.device == x.device, "tensors on one device"
         residual_rows = _rows(residual, n, "residual")
-    tiles = default_tiles(count, n, k) if tiles is None else tiles
+    if tiles is None:
+        # off CUDA (the interpreter) 1 multiprocessor
+        resident = RESIDENT_PER_SM * multiprocessors(x.device, off_cuda=1)
+        tiles = default_tiles(count, n, k, resident)
     block_m = triton.next_power_of_2(count)
     if tiles.dot:
         block_m = max(16, block_m)  # the tensor cores' smallest tile
