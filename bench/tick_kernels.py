@@ -14,8 +14,11 @@ GEMM, torch elementwise ...) with their count and summed time, largest first, an
 of the span they account for (`advance_us_per_tick`: each kernel's move of the latest end
 seen so far, gpu_timing.frontier_advances; summed over every kernel of a tick it is the
 span, first start to last end, with PDL's overlap and waits taken out). It answers
-"launches or bytes?" for each slot count. (Results before the commit that added this sentence named
-cuDNN's `sm80_xmma_dgrad_implicit_gemm_...` kernels by their `gemm_...` tail only.)
+"launches or bytes?" for each slot count. `--ops` adds the torch ops of one eager step that
+launch kernels themselves, each with the first line of Cadence's code on its stack
+(`launching_ops`): where the torch launches left in the tick come from. (Results before the
+commit that added the sentence on cuDNN's names named cuDNN's
+`sm80_xmma_dgrad_implicit_gemm_...` kernels by their `gemm_...` tail only.)
 """
 
 import argparse
@@ -23,6 +26,7 @@ import json
 import logging
 import re
 import sys
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -40,6 +44,7 @@ from engine.models.moshi.config import moshiko
 log = logging.getLogger("tick_kernels")
 REPLAYS = 5
 TOP = 25
+TOP_OPS = 40
 
 
 def short_name(name: str) -> str:
@@ -54,7 +59,29 @@ def short_name(name: str) -> str:
     return name.split("::")[-1][:80]
 
 
-def profile_tick(slots: int, kv_dtype: torch.dtype | None) -> dict[str, Any]:
+def launching_ops(model: Any, slots: int) -> list[dict[str, Any]]:
+    """The torch ops of one eager step that launch kernels themselves (Triton's launches are
+    not torch ops): per op and the first line of Cadence's code on its stack, the kernels
+    launched, most first."""
+    pcm = torch.randn(slots, SAMPLES, device="cuda") * 0.1
+    reset = torch.zeros(slots, dtype=torch.bool, device="cuda")
+    active = torch.ones(slots, dtype=torch.bool, device="cuda")
+    activities = [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
+    with torch.profiler.profile(activities=activities, with_stack=True) as prof:
+        model.device_step(pcm, reset, active)
+        torch.cuda.synchronize()
+    launched: Counter[tuple[str, str]] = Counter()
+    for event in prof.events():
+        if event.device_type.name == "CPU" and event.kernels:
+            ours = (f for f in event.stack if "/engine/" in f or "/kernels/" in f)
+            launched[(event.name, next(ours, "?"))] += len(event.kernels)
+    return [
+        {"op": op, "where": where, "kernels": count}
+        for (op, where), count in launched.most_common(TOP_OPS)
+    ]
+
+
+def profile_tick(slots: int, kv_dtype: torch.dtype | None, ops: bool) -> dict[str, Any]:
     model = build(moshiko(), slots, {}, kv_dtype)
     graph = GraphExecutor(model)
     pcm = (np.random.default_rng(0).standard_normal((slots, SAMPLES)) * 0.1).astype(np.float32)
@@ -108,6 +135,8 @@ def profile_tick(slots: int, kv_dtype: torch.dtype | None) -> dict[str, Any]:
             for name, count, total in top
         ],
     }
+    if ops:
+        row["launching_ops"] = launching_ops(model, slots)
     del graph, model
     torch.cuda.empty_cache()
     return row
@@ -123,6 +152,7 @@ def main() -> int:
         action="store_false",
         help="Mimi's fp32 matmuls without TF32 (the engine runs them in TF32)",
     )
+    parser.add_argument("--ops", action="store_true", help="also the torch ops that launch")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
@@ -137,7 +167,7 @@ def main() -> int:
         "rows": [],
     }
     for slots in [int(s) for s in args.slots.split(",")]:
-        row = profile_tick(slots, kv_dtype)
+        row = profile_tick(slots, kv_dtype, args.ops)
         log.info("%s", json.dumps(row))
         result["rows"].append(row)
         if args.json:
