@@ -73,7 +73,11 @@ def launching_ops(model: Any, slots: int) -> list[dict[str, Any]]:
     launched: Counter[tuple[str, str]] = Counter()
     for event in prof.events():
         if event.device_type.name == "CPU" and event.kernels:
-            ours = (f for f in event.stack if "/engine/" in f or "/kernels/" in f)
+            ours = (
+                f
+                for f in event.stack
+                if f.startswith(("engine/", "kernels/")) or "/engine/" in f or "/kernels/" in f
+            )
             launched[(event.name, next(ours, "?"))] += len(event.kernels)
     return [
         {"op": op, "where": where, "kernels": count}

@@ -3,10 +3,7 @@
 Warm up, allocate, capture, replay. Every buffer the step touches is allocated before the
 capture at the configured slot count; per tick the host writes the uplink frames and masks
 into pinned buffers, the step copies them into the graph's static inputs, replays the graph
-and copies the outputs back, and the host synchronises once, at the end of the tick: it spins
-(yielding the GIL) on a word in pinned memory that a last one-program kernel sets
-(kernels/doorbell.py's signal_host, seen ~30 us sooner than a CUDA event's synchronize) or on
-the step's event, which also reports a failed step. Calls
+and copies the outputs back, and the host synchronises once, at the end of the tick. Calls
 join and leave through the masks; nothing is reshaped, allocated or decided on device values
 inside the tick.
 
@@ -32,7 +29,6 @@ one tick launches, reported in the engine's status and by `cadence bench engine`
 """
 
 import platform
-import time
 from typing import Protocol, runtime_checkable
 
 import torch
@@ -94,12 +90,7 @@ class GraphExecutor:
         self._bell = torch.zeros(1, dtype=torch.int64).pin_memory()
         self._rings = 0
         self._armed = False
-        # each submitted step's end: its number stored in `_finished` (polled by the host),
-        # then the event (which also reports a failed step)
-        self._finished = torch.zeros(1, dtype=torch.int64).pin_memory()
-        self._submitted = 0
         self._done = torch.cuda.Event()  # type: ignore[no-untyped-call]
-        self._load_signal()
 
     def _capture(self) -> tuple[Tensor, Tensor]:
         model = self.model
@@ -144,7 +135,7 @@ class GraphExecutor:
             self._ring()
         else:
             self._submit()
-        self._wait_finished()  # the tick's one host sync
+        self._done.synchronize()  # the tick's one host sync
         # views of the pinned buffers: the engine consumes them before the next tick
         return StepOutput(pcm=self._pcm_out_host.numpy(), tokens=self._tokens_out_host.numpy())
 
@@ -158,37 +149,14 @@ class GraphExecutor:
         self._done.synchronize()
 
     def _submit(self) -> None:
-        """Queue the copies in, the replay, the copies out and the step's end on the current
-        stream."""
-        # imported here: kernels/ needs triton, which CPU-only installs lack
-        from kernels.doorbell import signal_host
-
+        """Queue the copies in, the replay and the copies out on the current stream."""
         self._pcm.copy_(self._pcm_host, non_blocking=True)
         self._reset.copy_(self._reset_host, non_blocking=True)
         self._active.copy_(self._active_host, non_blocking=True)
         self.graph.replay()
         self._pcm_out_host.copy_(self._out_pcm, non_blocking=True)
         self._tokens_out_host.copy_(self._out_tokens, non_blocking=True)
-        self._submitted += 1
-        signal_host(self._finished, self._submitted)
         self._done.record()
-
-    def _wait_finished(self) -> None:
-        """Until the last submitted step's outputs are in the pinned buffers: its number in
-        `_finished` (kernels/doorbell.py's signal_host: seen ~30 us sooner than by the
-        event's synchronize), or its event done, which also raises for a failed step. Each
-        turn yields the GIL (sleep(0)), as the event's synchronize releases it."""
-        finished = self._finished.numpy()
-        while finished[0] < self._submitted and not self._done.query():  # type: ignore[no-untyped-call]
-            time.sleep(0)
-
-    def _load_signal(self) -> None:
-        """The step's end signalled once now: its kernel is loaded before any step is armed
-        (kernels/doorbell.py: a first launch behind an unrung bell can block the host)."""
-        from kernels.doorbell import signal_host
-
-        signal_host(self._finished, self._submitted)
-        torch.cuda.synchronize()
 
     def _ring(self) -> None:
         # the inputs are written first, and reach the bus first (x86-64: see ARMS_AHEAD)
