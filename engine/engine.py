@@ -1,8 +1,10 @@
 """The engine: every live call advanced in lockstep, one batched step per tick.
 
 The tick is one function, `tick`, in four phases: gather (the newest unread uplink frame of
-every live slot from shared memory), step (the executor over all slots, empty ones masked),
-scatter (publish one downlink frame per live slot), observe (time, deadline, counters). It
+every live slot from shared memory), step (the executor over all slots, empty ones masked;
+meanwhile, while the device runs it, the host accounts for the frames gathered and stamps the
+frames to publish: engine/frames.py), scatter (publish one downlink frame per live slot),
+observe (time, deadline, counters). It
 runs on the main thread on absolute deadlines; admission happens on the control thread and
 reaches the tick only through the slot table's snapshot.
 """
@@ -16,10 +18,11 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+from numpy.typing import NDArray
 
 from engine.clock import TickClock, sleep_until
 from engine.executors import Executor
-from engine.frames import DownlinkScatter, UplinkGather
+from engine.frames import DownlinkScatter, Uplink, UplinkGather
 from engine.metrics import PHASES, EngineMetrics, loaded_cuda_torch
 from engine.models.base import AgeableModel, Mask
 from engine.ring import EngineState, SharedRing, SlotState
@@ -131,31 +134,42 @@ class Engine:
         release_ns = self.clock.release_ns(tick)
         t_start = time.perf_counter()
 
-        # gather
+        # gather: what the step needs before it starts
         snap = self.table.snapshot()
         live, reset = snap.live, snap.reset
-        self._reset_rows(reset)
-        uplink = self.uplink.take(self.ring, snap)
+        if snap.any_reset:
+            self._reset_rows(reset)
+        taken = self.uplink.take(self.ring, snap)
         t_gathered = time.perf_counter()
 
-        # step
+        # step, and the host's share of gather and scatter that waits for neither (frames.py)
+        # while the device runs it
         if self.age_next_tick:
             self._age_calls(live & ~reset)
+        accounted: list[tuple[Uplink, NDArray[np.intp]]] = []  # the frames, the live rows
+
+        def meanwhile() -> None:
+            rows = np.flatnonzero(live)
+            accounted.append((self.uplink.account(snap, taken), rows))
+            self.downlink.stage(self.ring, rows, snap.generations)
+
         # a step that raises is over, not hung: the error ends the engine, not the watchdog
         with self._watched(f"tick {tick}"):
-            out = self.executor.run(self.uplink.pcm, reset, live)
+            out = self.executor.run(self.uplink.pcm, reset, live, meanwhile)
             if self.stall_next_tick_s:
                 time.sleep(self.stall_next_tick_s)
                 self.stall_next_tick_s = 0.0
+        if not accounted:  # an executor that did not run `meanwhile` (it should, once)
+            meanwhile()
         t_stepped = time.perf_counter()
 
         # scatter
-        rows = np.flatnonzero(live)
-        self.downlink.publish(self.ring, rows, snap.generations, out.pcm, out.tokens)
+        self.downlink.publish(self.ring, out.pcm, out.tokens)
         published_ns = time.monotonic_ns()
         t_scattered = time.perf_counter()
 
         # observe
+        uplink, rows = accounted[0]
         missed = published_ns > self.clock.deadline_ns(tick)
         self._observe(tick, rows, uplink.underrun, uplink.skipped, missed, published_ns)
         m = self.metrics
@@ -173,7 +187,7 @@ class Engine:
         the slot table and the uplink ring, changes nothing a call or the next tick sees."""
         snap = self.table.snapshot(consume=False)
         self.uplink.rehearse(self.ring, snap)
-        self.downlink.rehearse(np.flatnonzero(snap.live), snap.generations)
+        self.downlink.rehearse(self.ring, np.flatnonzero(snap.live), snap.generations)
 
     def wait_for_release(self, tick: int) -> None:
         """Sleep until `rehearsal_lead_ns` before the tick's release, rehearse, then spin to

@@ -341,15 +341,20 @@ class SharedRing:
         newest[rows[torn]] = 0
         return newest
 
+    def downlink_columns(self, frames: NDArray[np.uint64]) -> NDArray[np.intp]:
+        """The downlink ring entries that frame numbers `frames` go to."""
+        return (frames % np.uint64(self.spec.depth)).astype(np.intp)
+
     def scatter_downlink(
         self,
         rows: NDArray[np.intp],
+        cols: NDArray[np.intp],
         stamps: NDArray[np.uint64],
         pcm: NDArray[np.int16],
         tokens: NDArray[np.int32],
     ) -> None:
-        """Publish one downlink frame per listed slot: pcm int16 [R, N], tokens int32 [R, K]."""
-        cols = ((stamps & np.uint64(0xFFFFFFFF)) % np.uint64(self.spec.depth)).astype(np.intp)
+        """Publish one downlink frame per listed slot, at its entry `cols` (downlink_columns
+        of the stamps' frame numbers): pcm int16 [R, N], tokens int32 [R, K]."""
         self.down_stamps[rows, cols] = 0
         self.down_pcm[rows, cols] = pcm
         self.down_tokens[rows, cols] = tokens

@@ -44,6 +44,8 @@ class Snapshot:
     live: NDArray[np.bool_]  # [S] a call holds the row
     reset: NDArray[np.bool_]  # [S] the row starts a new call this tick
     generations: NDArray[np.uint64]  # [S] live generation, 0 for free rows
+    # False only where `reset` is all False: the tick then skips the resets without a look
+    any_reset: bool = True
 
 
 class SlotTable:
@@ -54,6 +56,9 @@ class SlotTable:
         self._lock = threading.Lock()
         self._calls: dict[int, SlotInfo] = {}
         self._pending_reset = np.zeros(slots, np.bool_)
+        self._resets = False  # a reset may be pending (cleared only by a consuming snapshot)
+        # each row's live generation (0: free), kept with _calls, so a snapshot is two copies
+        self._generations = np.zeros(slots, np.uint64)
         self._next_generation = 1
         self.draining = False
         self.accepting = accepting  # an engine opens it once it ticks: earlier calls would wait
@@ -70,7 +75,9 @@ class SlotTable:
             generation = self._next_generation
             self._next_generation += 1
             self._calls[free] = SlotInfo(free, generation, call_id, owner, time.monotonic())
+            self._generations[free] = generation
             self._pending_reset[free] = True
+            self._resets = True
             return Admission(free, generation)
 
     def close(self, slot: int, generation: int) -> bool:
@@ -80,6 +87,7 @@ class SlotTable:
             if info is None or info.generation != generation:
                 return False
             del self._calls[slot]
+            self._generations[slot] = 0
             self._pending_reset[slot] = False
             return True
 
@@ -89,6 +97,7 @@ class SlotTable:
             gone = [info for info in self._calls.values() if info.owner == owner]
             for info in gone:
                 del self._calls[info.slot]
+                self._generations[info.slot] = 0
                 self._pending_reset[info.slot] = False
             return gone
 
@@ -96,14 +105,14 @@ class SlotTable:
         """The live rows now; the resets reported are consumed (reported once) unless
         `consume` is False (a look that changes nothing: the engine's rehearsal)."""
         with self._lock:
-            generations = np.zeros(self.capacity, np.uint64)
-            for slot, info in self._calls.items():
-                generations[slot] = info.generation
+            generations = self._generations.copy()
             reset = self._pending_reset.copy()
-            if consume:
+            any_reset = self._resets
+            if consume and any_reset:
                 self._pending_reset[:] = False
+                self._resets = False
         # generations start at 1: a row is live exactly where it has one
-        return Snapshot(generations != 0, reset, generations)
+        return Snapshot(generations != 0, reset, generations, any_reset)
 
     def live_mask(self) -> NDArray[np.bool_]:
         with self._lock:

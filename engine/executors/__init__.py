@@ -1,5 +1,6 @@
 """Executors run a model's step each tick; all of them must give the same tokens."""
 
+from collections.abc import Callable
 from typing import Protocol
 
 from engine.models.base import Mask, Model, PcmBatch, StepOutput
@@ -16,7 +17,16 @@ class Executor(Protocol):
     def kernels_per_tick(self) -> int | None:
         """Kernels one tick launches, where the executor knows (a captured graph's nodes)."""
 
-    def run(self, pcm_in: PcmBatch, reset: Mask, active: Mask) -> StepOutput: ...
+    def run(
+        self,
+        pcm_in: PcmBatch,
+        reset: Mask,
+        active: Mask,
+        meanwhile: Callable[[], None] | None = None,
+    ) -> StepOutput:
+        """One step. `meanwhile`, host work that needs neither the step's inputs after they
+        are handed over nor its outputs, runs once during the step: while the device runs it,
+        where the executor can."""
 
     def arm(self) -> None:
         """Between ticks, once the last one's outputs are published: get the next step

@@ -3,6 +3,8 @@
 It is the reference the graph and persistent executors are held to: same model, same tokens.
 """
 
+from collections.abc import Callable
+
 from engine.models.base import Mask, Model, PcmBatch, StepOutput
 
 
@@ -13,7 +15,16 @@ class EagerExecutor:
     def __init__(self, model: Model) -> None:
         self.model = model
 
-    def run(self, pcm_in: PcmBatch, reset: Mask, active: Mask) -> StepOutput:
+    def run(
+        self,
+        pcm_in: PcmBatch,
+        reset: Mask,
+        active: Mask,
+        meanwhile: Callable[[], None] | None = None,
+    ) -> StepOutput:
+        """The model's step; `meanwhile` runs first (the step keeps the host until it ends)."""
+        if meanwhile is not None:
+            meanwhile()
         return self.model.step(pcm_in, reset, active)
 
     def arm(self) -> None:

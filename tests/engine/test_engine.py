@@ -7,7 +7,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import numpy as np
@@ -156,6 +156,68 @@ def test_a_frame_comes_back_one_tick_later_with_counters(
             "closed": True,
         }
         assert ask(sock, {"op": "frobnicate"})["reason"] == "bad_request"
+
+
+class Bookkeeping:
+    """An eager executor that runs the engine's `meanwhile` inside its step (as the graph
+    executor does, between the ring and the sync) or never (`runs` False), recording it."""
+
+    def __init__(self, model: Model, runs: bool) -> None:
+        self.inner = build_executor("eager", model)
+        self.runs = runs
+        self.events: list[str] = []
+        self.name = self.inner.name
+        self.model = model
+        self.kernels_per_tick = None
+
+    def run(
+        self,
+        pcm_in: PcmBatch,
+        reset: Mask,
+        active: Mask,
+        meanwhile: Callable[[], None] | None = None,
+    ) -> StepOutput:
+        pcm = pcm_in.copy()  # the inputs as handed over
+        if self.runs and meanwhile is not None:
+            meanwhile()
+            self.events.append("meanwhile")
+        self.events.append("step")
+        return self.inner.run(pcm, reset, active)
+
+    def arm(self) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+@pytest.mark.parametrize("runs", [True, False])
+def test_the_host_bookkeeping_of_a_tick_runs_once_in_its_step_or_after_it(
+    rig: tuple[Engine, ControlServer, Path], runs: bool
+) -> None:
+    """The frames' accounting and stamping (engine/frames.py) run as the executor's
+    `meanwhile`, or after the step where an executor did not run it: the frames and counters
+    come out the same either way."""
+    engine, _, path = rig
+    executor = Bookkeeping(EchoModel(4), runs)
+    engine.executor = executor
+    with socket.socket(socket.AF_UNIX) as sock:
+        sock.connect(str(path))
+        _, _, writer, reader = _open_call(sock, engine, "x")
+        frame = (np.arange(N) % 100).astype(np.int16)
+        assert writer.write(frame)
+        engine.tick(0)
+        assert writer.write(frame * 2)
+        assert writer.write(frame * 3)  # two frames in one tick: the older one is skipped
+        engine.tick(1)
+        engine.tick(2)  # no frame: an underrun
+        got = reader.read()
+        assert [f.frame for f in got] == [1, 2, 3]
+        np.testing.assert_array_equal(got[1].pcm, frame)
+        np.testing.assert_array_equal(got[2].pcm, frame * 3)
+        (call,) = ask(sock, {"op": "status"})["calls"]
+        assert (call["ticks"], call["underruns"], call["overruns"]) == (3, 1, 1)
+    assert executor.events == (["meanwhile", "step"] if runs else ["step"]) * 3
 
 
 def test_rehearsals_before_ticks_consume_nothing_and_publish_nothing(
@@ -310,12 +372,18 @@ class StopsDuringWarmUp:
     def kernels_per_tick(self) -> int | None:
         return self.inner.kernels_per_tick
 
-    def run(self, pcm_in: PcmBatch, reset: Mask, active: Mask) -> StepOutput:
+    def run(
+        self,
+        pcm_in: PcmBatch,
+        reset: Mask,
+        active: Mask,
+        meanwhile: Callable[[], None] | None = None,
+    ) -> StepOutput:
         self.steps += 1
         self.calls.append("run")
         if self.steps == self.at:
             self.stop.set()
-        return self.inner.run(pcm_in, reset, active)
+        return self.inner.run(pcm_in, reset, active, meanwhile)
 
     def arm(self) -> None:
         self.calls.append("arm")
@@ -383,11 +451,17 @@ def test_each_tick_arms_the_next_step_and_a_stop_closes_the_executor(
 class FailsAtStep(StopsDuringWarmUp):
     """The `at`-th step raises, as a device fault surfaces in torch."""
 
-    def run(self, pcm_in: PcmBatch, reset: Mask, active: Mask) -> StepOutput:
+    def run(
+        self,
+        pcm_in: PcmBatch,
+        reset: Mask,
+        active: Mask,
+        meanwhile: Callable[[], None] | None = None,
+    ) -> StepOutput:
         if self.steps + 1 == self.at:
             self.calls.append("run")
             raise RuntimeError("device fault")
-        return super().run(pcm_in, reset, active)
+        return super().run(pcm_in, reset, active, meanwhile)
 
 
 def test_an_error_in_the_loop_still_closes_the_executor(

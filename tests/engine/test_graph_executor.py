@@ -1,5 +1,6 @@
 """The graph executor gives the eager executor's tokens and audio (CUDA only)."""
 
+import functools
 import threading
 from collections.abc import Iterator
 
@@ -65,13 +66,15 @@ def test_graph_replays_match_eager_steps_with_calls_joining_and_leaving(
     # every eager step first: an armed step holds the stream until its ring, and the eager
     # step's copy back to the host would wait behind it (only the engine runs between rings)
     wanted = [eager.run(pcm, reset, active) for pcm, reset, active in steps]
+    meanwhiles: list[int] = []
     for step, ((pcm, reset, active), want) in enumerate(zip(steps, wanted, strict=True)):
-        got = graph.run(pcm, reset, active)
+        got = graph.run(pcm, reset, active, functools.partial(meanwhiles.append, step))
         np.testing.assert_array_equal(got.tokens, want.tokens, err_msg=f"step {step}")
         np.testing.assert_allclose(got.pcm, want.pcm, atol=1e-5, err_msg=f"step {step}")
         if armed:
             graph.arm()
     graph.close()
+    assert meanwhiles == list(range(len(steps))), "meanwhile runs once a step"
     assert _synchronizes(), "a step was left waiting on the device"
 
 

@@ -168,9 +168,9 @@ def test_downlink_reader_gets_every_frame_in_order_and_counts_skips(ring: Shared
     tokens = np.array([[1, 2, 3]], np.int32)
 
     def publish(frame: int) -> None:
-        ring.scatter_downlink(
-            rows, np.array([stamp(3, frame)], np.uint64), _frame(frame)[None, :], tokens * frame
-        )
+        cols = ring.downlink_columns(np.array([frame], np.uint64))
+        stamps = np.array([stamp(3, frame)], np.uint64)
+        ring.scatter_downlink(rows, cols, stamps, _frame(frame)[None, :], tokens * frame)
 
     publish(1)
     publish(2)
@@ -184,7 +184,9 @@ def test_downlink_reader_gets_every_frame_in_order_and_counts_skips(ring: Shared
     assert [f.frame for f in got] == [6, 7, 8, 9]
     assert reader.skipped == 3
     # a frame for another generation in the same slot is invisible
-    ring.scatter_downlink(rows, np.array([stamp(4, 10)], np.uint64), _frame(10)[None, :], tokens)
+    cols = ring.downlink_columns(np.array([10], np.uint64))
+    stamps = np.array([stamp(4, 10)], np.uint64)
+    ring.scatter_downlink(rows, cols, stamps, _frame(10)[None, :], tokens)
     assert reader.read() == []
 
 

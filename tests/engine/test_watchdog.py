@@ -4,6 +4,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -82,7 +83,15 @@ class BlockingExecutor:
         self.release = threading.Event()
         self.closes = 0
 
-    def run(self, pcm_in: PcmBatch, reset: Mask, active: Mask) -> StepOutput:
+    def run(
+        self,
+        pcm_in: PcmBatch,
+        reset: Mask,
+        active: Mask,
+        meanwhile: Callable[[], None] | None = None,
+    ) -> StepOutput:
+        if meanwhile is not None:
+            meanwhile()
         if self.blocks == "run":
             self.release.wait()
         return self.model.step(pcm_in, reset, active)
@@ -150,7 +159,13 @@ class FaultingExecutor:
     def __init__(self, model: EchoModel) -> None:
         self.model = model
 
-    def run(self, pcm_in: PcmBatch, reset: Mask, active: Mask) -> StepOutput:
+    def run(
+        self,
+        pcm_in: PcmBatch,
+        reset: Mask,
+        active: Mask,
+        meanwhile: Callable[[], None] | None = None,
+    ) -> StepOutput:
         raise RuntimeError("device fault")
 
     def arm(self) -> None:
