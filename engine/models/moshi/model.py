@@ -203,20 +203,22 @@ class MoshiModel:
             -> pcm float32 [slots, 1920], tokens int32 [slots, 9]
         """
         self.mimi.reset_encoder(reset_rows)
-        if self._prompt is None:  # the LM step starts these rows over
-            lm_reset, replayed = reset_rows, torch.zeros_like(reset_rows)
-        else:  # `prepare` reset these rows and replayed the prompt into them
-            lm_reset, replayed = torch.zeros_like(reset_rows), reset_rows
+        # `prepare` reset the rows of a prompted model and replayed the prompt into them;
+        # without a prompt the LM step starts them over
+        lm_reset = reset_rows if self._prompt is None else torch.zeros_like(reset_rows)
         user_codes = self.mimi.encode(pcm)
         frame, emitted = self.lm.step(user_codes, lm_reset)
-        first = (self.lm.delays.offsets == self.lm.delays.max_delay + 1) | replayed
+        first = self.lm.delays.offsets == self.lm.delays.max_delay + 1
+        if self._prompt is not None:
+            first |= reset_rows  # a replayed row starts its decoder over
         self.mimi.reset_decoder(first)
         # rows that emitted nothing decode a placeholder; their audio is dropped below
         audio_codes = frame[:, 1:].clamp(0, self.config.lm.card - 1)
         out_pcm = self.mimi.decode(audio_codes)
-        live = emitted & active_rows
-        out_pcm = torch.where(live[:, None], out_pcm, torch.zeros_like(out_pcm))
-        tokens = torch.where(live[:, None], frame, torch.full_like(frame, -1))
+        live = (emitted & active_rows)[:, None]
+        # scalars, not filled tensors: two launches fewer a tick
+        out_pcm = torch.where(live, out_pcm, 0.0)
+        tokens = torch.where(live, frame, -1)
         return out_pcm.to(torch.float32), tokens.to(torch.int32)
 
 
