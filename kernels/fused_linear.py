@@ -107,6 +107,13 @@ Measured on one H200 (torch 2.11, Triton 3.6, bf16, random weights, CUDA graphs)
   1.29 -> 1.19 ms with PDL; at one row two columns and 8 programs per multiprocessor 1.17
   against 1.22 uncapped (engine_stages_late_sum.json: 1.17 against 1.24); at 4 rows four
   columns 1.65 against 1.79 for two. Hence default_tiles.
+- at one row, one tile a program (commit cd1c0f2): the whole row of k (block_k the next power
+  of two) in column blocks of RESIDENT_COLUMNS, doubled while the blocks outnumber the
+  resident programs (RESIDENT_PER_SM a multiprocessor), so every program's weight slice is
+  loaded before its PDL wait and no program waits for another's multiprocessor: the
+  depformer stage at 1 slot 0.99 / 0.94 ms against 1.13 / 1.12 for the two-column tiles in one
+  sweep (`bench/engine_stages.py --tiles served,...`, engine_stages_depformer_tiles_8223c89.json),
+  0.88 against 1.00 once served (engine_stages_cd1c0f2.json against engine_stages_8223c89.json).
 - the temporal layer through this kernel (seven launches a layer instead of twelve, swept with
   PDL and capped grids, run at commit 757c5b8 and reverted, bench/results/
   engine_stages_tiles.json and engine_stages_late_sum.json): at one slot the best tile (four

@@ -9,15 +9,17 @@ inside the tick.
 
 The step is queued ahead: `arm` (the engine calls it once a tick's outputs are published)
 submits the next tick's copies in, replay and copies out behind a doorbell
-(kernels/doorbell.py) on the current stream; `run` writes the inputs into the pinned buffers
-and rings. Submitting the graph's ~1,000 kernels at the tick instead cost ~0.4 ms at 1 call
-after the host slept between ticks (bench/results/tick_idle_presubmit.json). `run` without
-`arm` before it submits at the tick (tests, the warm-up). While armed, the stream is held
-until the ring: work queued on it between ticks runs after the armed step (the engine's
-only such work is the benchmarks' age hook, which so takes effect a step later), and a host
-sync on it (a pageable copy, a synchronize) would wait for the ring forever; the engine's
-watchdog ends a step that never finishes, and `close` runs an armed step out (every slot
-masked) when the engine stops, also on an error. Only on x86-64 hosts (ARMS_AHEAD).
+(kernels/doorbell.py) on the current stream; `run` writes the inputs into the pinned
+buffers, rings, runs the caller's `meanwhile` (the engine's host bookkeeping,
+engine/frames.py) while the device steps, and synchronises. Submitting the graph's ~1,000
+kernels at the tick instead cost ~0.4 ms at 1 call after the host slept between ticks
+(bench/results/tick_idle_presubmit.json). `run` without `arm` before it submits at the tick
+(tests, the warm-up). While armed, the stream is held until the ring: work queued on it
+between ticks runs after the armed step (the engine's only such work is the benchmarks' age
+hook, which so takes effect a step later), and a host sync on it (a pageable copy, a
+synchronize) would wait for the ring forever; the engine's watchdog ends a step that never
+finishes, and `close` runs an armed step out (every slot masked) when the engine stops, also
+on an error. Only on x86-64 hosts (ARMS_AHEAD).
 
 What cannot be captured runs before the graph, on the current stream: the model's
 `prepare` (host-decided work, such as replaying a prompt into the rows that start a call).
