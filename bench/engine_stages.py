@@ -29,7 +29,9 @@ kernels skipped at every slot count (`<stage>_skipping`, dependent_launch.ALL_UP
 against PDL everywhere (`_pdl_all`); `blas`, torch's default BLAS library choice
 (`_blas_default`) against cuBLASLt preferred (`_cublaslt`); `window`, Mimi's convolution
 windows in one launch (`_window`, kernels/seanet_window.py) against torch's ops
-(`_no_window`). Each knob is set back as served after its experiment.
+(`_no_window`); `cudnn`, cuDNN's convolution algorithms timed and chosen per shape at the
+first call (`_cudnn_benchmark`, torch.backends.cudnn.benchmark) against its heuristics
+(`_cudnn_heuristics`, as served). Each knob is set back as served after its experiment.
 
 Reported per stage: median and p99 ms per replay (CUDA events, 50 replays after 5), and the
 number of kernels one eager run of the stage launches (torch profiler). The sum of the
@@ -66,6 +68,7 @@ from kernels.fused_linear import MAX_ROWS, Tiles
 
 log = logging.getLogger("engine_stages")
 SERVED_ALL_UP_TO = dependent_launch.ALL_UP_TO
+SERVED_CUDNN_BENCHMARK = torch.backends.cudnn.benchmark
 
 
 def timed(stage: Callable[[], object]) -> dict[str, Any]:
@@ -96,6 +99,7 @@ def serve(mimi: MimiCodec) -> None:
     """Every experiment's knob as served."""
     dependent_launch.ALL_UP_TO = SERVED_ALL_UP_TO
     torch.backends.cuda.preferred_blas_library("default")
+    torch.backends.cudnn.benchmark = SERVED_CUDNN_BENCHMARK
     for module in convolutions(mimi):
         module.window_kernel = None
 
@@ -119,10 +123,17 @@ def experiments(slots: int, mimi: MimiCodec, names: list[str]) -> list[Arms]:
 
         return apply
 
+    def cudnn_benchmark(on: bool) -> Callable[[], None]:
+        return lambda: setattr(torch.backends.cudnn, "benchmark", on)
+
     known: dict[str, Arms] = {
         "skip": [("_skipping", all_up_to(0)), ("_pdl_all", all_up_to(slots))],
         "blas": [("_blas_default", blas("default")), ("_cublaslt", blas("cublaslt"))],
         "window": [("_window", window(True)), ("_no_window", window(False))],
+        "cudnn": [
+            ("_cudnn_benchmark", cudnn_benchmark(True)),
+            ("_cudnn_heuristics", cudnn_benchmark(False)),
+        ],
     }
     return [known[name] for name in names]
 
@@ -223,7 +234,7 @@ def main() -> int:
         default="",
         help="block_n:block_k:warps[:programs_per_sm] or served, ...",
     )
-    parser.add_argument("--ab", default="", help="A/B experiments: skip,blas,window")
+    parser.add_argument("--ab", default="", help="A/B experiments: skip,blas,window,cudnn")
     args = parser.parse_args()
     tiles = [parse_tiles(spec) for spec in args.tiles.split(",") if spec]
     if args.pdl_skip is not None:

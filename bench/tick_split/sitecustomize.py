@@ -8,11 +8,11 @@ each wrapper adds ~1 us to what it times).
 
 Python imports this `sitecustomize` at the start of every process on that path; with
 CADENCE_DIAG set it wraps the slot table's snapshot, the gather's take and account, the
-scatter's stage and publish, the ring's reads and writes, the graph executor's run, check,
-ring and sync, and times the device's span from the bell seen to the step's end (CUDA events
-with timing), then writes OUT_DIR/diag_<pid>.json every 50 ticks and at exit: medians and
-p90 per piece over the ticks after the first 20, in microseconds
-(bench/results/tick_host_split_*.json).
+scatter's stage and publish, the ring's reads and writes, the graph executor's run (and its
+stretch up to the ring), check, the model's prepare and the sync, and times the device's
+span from the bell seen to the step's end (CUDA events with timing), then writes
+OUT_DIR/diag_<pid>.json every 50 ticks and at exit: medians and p90 per piece over the ticks
+after the first 20, in microseconds (bench/results/tick_host_split_*.json).
 """
 
 import atexit
@@ -89,9 +89,24 @@ def install() -> None:
     except ImportError:  # a CPU-only install: the echo model's ticks, no device span
         pass
     else:
+        from engine.models.moshi.model import MoshiModel
+
         graph.check_step_inputs = timed("run.check", graph.check_step_inputs)
-        graph.GraphExecutor.run = timed("run", graph.GraphExecutor.run)  # type: ignore[method-assign]
-        graph.GraphExecutor._ring = timed("run.ring", graph.GraphExecutor._ring)  # type: ignore[method-assign]
+        MoshiModel.prepare = timed("run.prepare", MoshiModel.prepare)  # type: ignore[method-assign]
+        run, ring_bell = timed("run", graph.GraphExecutor.run), graph.GraphExecutor._ring
+
+        def marked_run(self: Any, *args: Any, **kwargs: Any) -> Any:
+            current["_run_began"] = time.perf_counter_ns()
+            return run(self, *args, **kwargs)
+
+        def marked_ring(self: Any) -> None:
+            # from run's start to the ring: the check, prepare and the copies into the pinned
+            # buffers (and no_grad's entry)
+            current["run.to_ring"] = (time.perf_counter_ns() - current["_run_began"]) / 1e3
+            ring_bell(self)
+
+        graph.GraphExecutor.run = marked_run  # type: ignore[method-assign]
+        graph.GraphExecutor._ring = marked_ring  # type: ignore[method-assign]
 
         class TimedEvent(torch.cuda.Event):
             def synchronize(self) -> None:
@@ -122,7 +137,7 @@ def install() -> None:
         if getattr(executor, "_spanned", False):
             span_ms = executor._began.elapsed_time(executor._done)
             current["gpu_bell_to_done"] = span_ms * 1e3
-        ticks.append(dict(current))
+        ticks.append({label: us for label, us in current.items() if not label.startswith("_")})
         if len(ticks) % DUMP_EVERY == 0:
             dump()
         return report
