@@ -40,8 +40,14 @@ log = logging.getLogger(__name__)
 # where no tick would rehearse again); a tick that could not rehearse halves the lead. At 300
 # calls a fixed 1 ms was overrun (the rehearsal took ~2.5 ms) and started the ticks ~1.3 ms
 # late (bench/results/bench_engine_fp8_300_rehearsed_fixed_lead.json): a rehearsal longer
-# than its lead still delays the tick's start, which the tick's duration then shows.
-REHEARSAL_NS = 1_000_000
+# than its lead still delays the tick's start, which the tick's duration then shows. The
+# closer the better: on the H200 machine's host a piece of numpy work took ~20 us when run
+# within 0.1 ms of a rehearsal, ~33 us 0.5 ms after it, ~45 us 1 ms after it (`python3
+# bench/tick_gap.py`, bench/results/tick_gap_h200.json), hence REHEARSAL_NS 0.25 ms (1 ms
+# before). The rehearsal also runs the executor's part before its step (its checks and
+# copies), and the scatter's conversion is rehearsed again just before the step's outputs
+# land (`ahead_of_outputs`, engine/clock.py's Anticipation).
+REHEARSAL_NS = 250_000
 RECENT_TICKS = 2048  # ticks kept for the status reply's percentiles
 # the per-slot control fields a new call starts from zero
 CALL_COUNTERS = (
@@ -155,7 +161,9 @@ class Engine:
 
         # a step that raises is over, not hung: the error ends the engine, not the watchdog
         with self._watched(f"tick {tick}"):
-            out = self.executor.run(self.uplink.pcm, reset, live, meanwhile)
+            out = self.executor.run(
+                self.uplink.pcm, reset, live, meanwhile, self.downlink.rehearse_publish
+            )
             if self.stall_next_tick_s:
                 time.sleep(self.stall_next_tick_s)
                 self.stall_next_tick_s = 0.0
@@ -183,11 +191,13 @@ class Engine:
         return TickReport(tick, int(rows.size), duration_s, missed)
 
     def rehearse(self) -> None:
-        """Run the gather and the scatter on twins of their state (engine/frames.py): reads
-        the slot table and the uplink ring, changes nothing a call or the next tick sees."""
+        """Run the gather and the scatter on twins of their state (engine/frames.py), and
+        what the executor does before its step starts: reads the slot table and the uplink
+        ring, changes nothing a call or the next tick sees."""
         snap = self.table.snapshot(consume=False)
         self.uplink.rehearse(self.ring, snap)
         self.downlink.rehearse(self.ring, np.flatnonzero(snap.live), snap.generations)
+        self.executor.rehearse(self.uplink.pcm, snap.reset, snap.live)
 
     def wait_for_release(self, tick: int) -> None:
         """Sleep until `rehearsal_lead_ns` before the tick's release, rehearse, then spin to

@@ -136,6 +136,15 @@ class DownlinkScatter:
         twin.stage(ring, rows, generations)
         twin._converted(silence)
 
+    def rehearse_publish(self) -> None:
+        """`publish`'s conversion and indexing of the staged rows on a twin, silence for the
+        audio: run just before the outputs land (Engine.tick's ahead_of_outputs)."""
+        twin, silence = self._twin, self._silence
+        assert twin is not None, "a twin does not rehearse"
+        assert silence is not None
+        twin._converted(silence)
+        _ = twin.i16[self._rows]  # the indexing rehearsed, its copy dropped
+
     def _converted(self, pcm: NDArray[np.float32]) -> None:
         np.clip(pcm, -1.0, 32767.0 / 32768.0, out=pcm)
         np.multiply(pcm, 32768.0, out=self.i16, casting="unsafe")

@@ -23,10 +23,17 @@ class Executor(Protocol):
         reset: Mask,
         active: Mask,
         meanwhile: Callable[[], None] | None = None,
+        ahead_of_outputs: Callable[[], None] | None = None,
     ) -> StepOutput:
         """One step. `meanwhile`, host work that needs neither the step's inputs after they
         are handed over nor its outputs, runs once during the step: while the device runs it,
-        where the executor can."""
+        where the executor can. `ahead_of_outputs`, work that changes nothing (a rehearsal of
+        what the caller does with the outputs), runs just before they land where the executor
+        can tell when that is, else not at all."""
+
+    def rehearse(self, pcm_in: PcmBatch, reset: Mask, active: Mask) -> None:
+        """What `run` does before its step starts (the inputs' checks and copies), changing
+        nothing a step sees: the engine's rehearsal before a release."""
 
     def arm(self) -> None:
         """Between ticks, once the last one's outputs are published: get the next step

@@ -21,11 +21,16 @@ class EagerExecutor:
         reset: Mask,
         active: Mask,
         meanwhile: Callable[[], None] | None = None,
+        ahead_of_outputs: Callable[[], None] | None = None,
     ) -> StepOutput:
-        """The model's step; `meanwhile` runs first (the step keeps the host until it ends)."""
+        """The model's step; `meanwhile` runs first (the step keeps the host until it ends),
+        `ahead_of_outputs` never (the outputs land when the step returns)."""
         if meanwhile is not None:
             meanwhile()
         return self.model.step(pcm_in, reset, active)
+
+    def rehearse(self, pcm_in: PcmBatch, reset: Mask, active: Mask) -> None:
+        """Nothing: the step itself starts at `run`."""
 
     def arm(self) -> None:
         """Nothing to get ready: each step launches at its tick."""

@@ -31,12 +31,14 @@ one tick launches, reported in the engine's status and by `cadence bench engine`
 """
 
 import platform
+import time
 from collections.abc import Callable
 from typing import Protocol, runtime_checkable
 
 import torch
 from torch import Tensor
 
+from engine.clock import Anticipation
 from engine.executors.graph_nodes import count_kernel_nodes
 from engine.models.base import Mask, Model, PcmBatch, StepOutput, check_step_inputs
 
@@ -97,6 +99,7 @@ class GraphExecutor:
         self._outputs = StepOutput(
             pcm=self._pcm_out_host.numpy(), tokens=self._tokens_out_host.numpy()
         )
+        self._outputs_ahead = Anticipation()  # when run's ahead_of_outputs runs
         # the armed step: the bell it waits behind (polled by the GPU), the value it waits for
         self._bell = torch.zeros(1, dtype=torch.int64).pin_memory()
         self._bell_word = self._bell.numpy()
@@ -143,23 +146,39 @@ class GraphExecutor:
         reset: Mask,
         active: Mask,
         meanwhile: Callable[[], None] | None = None,
+        ahead_of_outputs: Callable[[], None] | None = None,
     ) -> StepOutput:
         """One step: the inputs into the pinned buffers, the bell rung (or the step submitted),
-        `meanwhile` run while the device steps, then the tick's one host sync."""
+        `meanwhile` run while the device steps, `ahead_of_outputs` just before the step is
+        expected to end (engine/clock.py's Anticipation, from the recent steps), then the
+        tick's one host sync."""
         check_step_inputs(self.model, pcm_in, reset, active)
         self.model.prepare(reset)  # queues nothing where a step is armed (see arm)
-        self._pcm_in[:] = pcm_in
-        self._reset_in[:] = reset
-        self._active_in[:] = active
+        self._stage_inputs(pcm_in, reset, active)
         if self._armed:
             self._ring()
         else:
             self._submit()
+        began_ns = time.monotonic_ns()
         if meanwhile is not None:
             meanwhile()
+        if ahead_of_outputs is not None:
+            self._outputs_ahead.run(began_ns, ahead_of_outputs, self._done.query)
         self._done.synchronize()  # the tick's one host sync
+        self._outputs_ahead.waited(began_ns)
         # views of the pinned buffers: the engine consumes them before the next tick
         return self._outputs
+
+    def rehearse(self, pcm_in: PcmBatch, reset: Mask, active: Mask) -> None:
+        """The checks and the copies into the pinned buffers: an armed step reads them only
+        once rung, and `run` writes them again first."""
+        check_step_inputs(self.model, pcm_in, reset, active)
+        self._stage_inputs(pcm_in, reset, active)
+
+    def _stage_inputs(self, pcm_in: PcmBatch, reset: Mask, active: Mask) -> None:
+        self._pcm_in[:] = pcm_in
+        self._reset_in[:] = reset
+        self._active_in[:] = active
 
     def close(self) -> None:
         """Run out an armed step with every slot masked, so no kernel is left waiting."""

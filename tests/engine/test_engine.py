@@ -176,6 +176,7 @@ class Bookkeeping:
         reset: Mask,
         active: Mask,
         meanwhile: Callable[[], None] | None = None,
+        ahead_of_outputs: Callable[[], None] | None = None,
     ) -> StepOutput:
         pcm = pcm_in.copy()  # the inputs as handed over
         if self.runs and meanwhile is not None:
@@ -183,6 +184,9 @@ class Bookkeeping:
             self.events.append("meanwhile")
         self.events.append("step")
         return self.inner.run(pcm, reset, active)
+
+    def rehearse(self, pcm_in: PcmBatch, reset: Mask, active: Mask) -> None:
+        pass
 
     def arm(self) -> None:
         pass
@@ -269,8 +273,8 @@ def test_the_wait_for_a_release_rehearses_ahead_and_never_returns_early(
     # the lead follows the rehearsal's own time (twice over), never below REHEARSAL_NS
     lead = engine.rehearsal_lead_ns
     assert max(REHEARSAL_NS, 2 * took[0]) <= lead <= max(REHEARSAL_NS, 2 * took[0] + 5_000_000)
-    engine.clock = TickClock(time.monotonic_ns() - PERIOD_NS + 200_000, PERIOD_NS)
-    engine.wait_for_release(1)  # 0.2 ms away: too close to rehearse
+    engine.clock = TickClock(time.monotonic_ns() - PERIOD_NS + REHEARSAL_NS // 2, PERIOD_NS)
+    engine.wait_for_release(1)  # half the shortest lead away: too close to rehearse
     assert time.monotonic_ns() >= engine.clock.release_ns(1)
     assert len(rehearsals) == 1
 
@@ -378,12 +382,16 @@ class StopsDuringWarmUp:
         reset: Mask,
         active: Mask,
         meanwhile: Callable[[], None] | None = None,
+        ahead_of_outputs: Callable[[], None] | None = None,
     ) -> StepOutput:
         self.steps += 1
         self.calls.append("run")
         if self.steps == self.at:
             self.stop.set()
-        return self.inner.run(pcm_in, reset, active, meanwhile)
+        return self.inner.run(pcm_in, reset, active, meanwhile, ahead_of_outputs)
+
+    def rehearse(self, pcm_in: PcmBatch, reset: Mask, active: Mask) -> None:
+        self.inner.rehearse(pcm_in, reset, active)
 
     def arm(self) -> None:
         self.calls.append("arm")
@@ -457,11 +465,12 @@ class FailsAtStep(StopsDuringWarmUp):
         reset: Mask,
         active: Mask,
         meanwhile: Callable[[], None] | None = None,
+        ahead_of_outputs: Callable[[], None] | None = None,
     ) -> StepOutput:
         if self.steps + 1 == self.at:
             self.calls.append("run")
             raise RuntimeError("device fault")
-        return super().run(pcm_in, reset, active, meanwhile)
+        return super().run(pcm_in, reset, active, meanwhile, ahead_of_outputs)
 
 
 def test_an_error_in_the_loop_still_closes_the_executor(

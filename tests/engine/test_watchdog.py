@@ -89,12 +89,16 @@ class BlockingExecutor:
         reset: Mask,
         active: Mask,
         meanwhile: Callable[[], None] | None = None,
+        ahead_of_outputs: Callable[[], None] | None = None,
     ) -> StepOutput:
         if meanwhile is not None:
             meanwhile()
         if self.blocks == "run":
             self.release.wait()
         return self.model.step(pcm_in, reset, active)
+
+    def rehearse(self, pcm_in: PcmBatch, reset: Mask, active: Mask) -> None:
+        pass
 
     def arm(self) -> None:
         pass
@@ -165,8 +169,12 @@ class FaultingExecutor:
         reset: Mask,
         active: Mask,
         meanwhile: Callable[[], None] | None = None,
+        ahead_of_outputs: Callable[[], None] | None = None,
     ) -> StepOutput:
         raise RuntimeError("device fault")
+
+    def rehearse(self, pcm_in: PcmBatch, reset: Mask, active: Mask) -> None:
+        pass
 
     def arm(self) -> None:
         raise AssertionError("never armed: no step ever completed")
