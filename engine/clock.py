@@ -64,15 +64,17 @@ POLL_S = 0.0002  # how often the wait's end is looked for while the work's momen
 
 
 class Anticipation:
-    """Host work run just before a recurring wait ends (a rehearsal of what follows it,
-    warming the code that then runs: on the H200 machine's host a piece of numpy work took
-    ~20 us run within 0.1 ms of its last run, ~45 us 1 ms later and ~110 us 6 ms later, 5 us
-    back to back; `python3 bench/tick_gap.py`, bench/results/tick_gap_h200.json).
+    """Host work run just before a recurring wait ends (a rehearsal of what follows it, warming
+    the code that then runs: on one start of the H200 machine a piece of numpy work took ~20
+    us run within 0.1 ms of its last run, ~45 us 1 ms later and ~110 us 6 ms later, on
+    another ~10, ~18 and ~31 us, 8 us back to back; `python3 bench/tick_gap.py`,
+    bench/results/tick_gap_h200_first.json and tick_gap_h200.json).
 
     The wait is expected to last the shortest of the last KEPT_WAITS (`waited`); the work
-    starts `least_lead_ns` (LEAD_NS) before that, or twice its own last time if longer. Until then `finished`
-    is polled: a wait that ends sooner skips the work (it would hold back what follows), so
-    the expectation follows waits that shorten as well as those that grow."""
+    starts `least_lead_ns` (LEAD_NS) before that, or twice its own last time if longer.
+    Until then `finished` is polled: a wait that ends sooner skips the work (it would hold
+    back what follows), so the expectation follows waits that shorten as well as those that
+    grow."""
 
     def __init__(self, least_lead_ns: int = LEAD_NS) -> None:
         self._waits_ns: deque[int] = deque(maxlen=KEPT_WAITS)

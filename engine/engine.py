@@ -35,19 +35,23 @@ log = logging.getLogger(__name__)
 # engine slept between ticks it ran cold, gather 0.32 ms and scatter 0.20 ms at one call on
 # the H200 machine (bench/results/bench_engine_bf16_1_armed.json) against tens of us back to
 # back; bench/tick_host.py measures it both ways. The rehearsal starts as long before the
-# release as the last one took, twice over, at least REHEARSAL_NS and at most an eighth of the
-# period (one stalled rehearsal must not push the lead past the idle time after a busy tick,
-# where no tick would rehearse again); a tick that could not rehearse halves the lead. At 300
-# calls a fixed 1 ms was overrun (the rehearsal took ~2.5 ms) and started the ticks ~1.3 ms
-# late (bench/results/bench_engine_fp8_300_rehearsed_fixed_lead.json): a rehearsal longer
-# than its lead still delays the tick's start, which the tick's duration then shows. The
-# closer the better: on the H200 machine's host a piece of numpy work took ~20 us when run
-# within 0.1 ms of a rehearsal, ~33 us 0.5 ms after it, ~45 us 1 ms after it (`python3
-# bench/tick_gap.py`, bench/results/tick_gap_h200.json), hence REHEARSAL_NS 0.25 ms (1 ms
-# before). The rehearsal also runs the executor's part before its step (its checks and
-# copies), and the scatter's conversion is rehearsed again just before the step's outputs
-# land (`ahead_of_outputs`, engine/clock.py's Anticipation).
+# release as the longest of the last KEPT_REHEARSALS took, twice over (the last one alone let
+# a slower one overrun the release: a 0.25 ms lead raised the 1-call p99 by ~0.25 ms,
+# bench/results/bench_engine_bf16_1_ab_5179f01_*.json), at least REHEARSAL_NS and at most an
+# eighth of the period (one stalled rehearsal must not push the lead past the idle time after
+# a busy tick, where no tick would rehearse again); a tick that could not rehearse halves the
+# lead. At 300 calls a fixed 1 ms was overrun (the rehearsal took ~2.5 ms) and started the
+# ticks ~1.3 ms late (bench/results/bench_engine_fp8_300_rehearsed_fixed_lead.json): a
+# rehearsal longer than its lead still delays the tick's start, which the tick's duration then
+# shows. The closer the better: on one start of the H200 machine a piece of numpy work took
+# ~20 us when run within 0.1 ms of a rehearsal, ~33 us 0.5 ms after it, ~45 us 1 ms after it
+# (on another ~10, ~12 and ~18; `python3 bench/tick_gap.py`,
+# bench/results/tick_gap_h200_first.json and tick_gap_h200.json), hence REHEARSAL_NS 0.25 ms
+# (1 ms before). The rehearsal also runs the executor's part before its step (its checks and
+# copies), and the scatter's conversion is rehearsed again just before the step's outputs land
+# (`ahead_of_outputs`, engine/clock.py's Anticipation).
 REHEARSAL_NS = 250_000
+KEPT_REHEARSALS = 16
 RECENT_TICKS = 2048  # ticks kept for the status reply's percentiles
 # the per-slot control fields a new call starts from zero
 CALL_COUNTERS = (
@@ -102,6 +106,7 @@ class Engine:
         self.uplink = UplinkGather(slots, samples)
         self.downlink = DownlinkScatter(slots, samples)
         self.rehearsal_lead_ns = REHEARSAL_NS  # see REHEARSAL_NS
+        self._rehearsals_ns: deque[int] = deque(maxlen=KEPT_REHEARSALS)  # what they took
         metrics.slots_capacity.set(slots)
         metrics.info.info({"model": model.name, "executor": executor.name})
         if isinstance(model, AgeableModel):
@@ -213,7 +218,9 @@ class Engine:
         began_ns = time.monotonic_ns()
         self.rehearse()
         took_ns = time.monotonic_ns() - began_ns
-        self.rehearsal_lead_ns = min(max(REHEARSAL_NS, 2 * took_ns), self.period_ns // 8)
+        self._rehearsals_ns.append(took_ns)
+        longest_ns = max(self._rehearsals_ns)
+        self.rehearsal_lead_ns = min(max(REHEARSAL_NS, 2 * longest_ns), self.period_ns // 8)
         sleep_until(release_ns, spin_ns=self.period_ns)  # spun all the way
 
     def _reset_rows(self, reset: np.ndarray[Any, np.dtype[np.bool_]]) -> None:
