@@ -37,7 +37,8 @@ log = logging.getLogger(__name__)
 # back; bench/tick_host.py measures it both ways. The rehearsal starts as long before the
 # release as the longest of the last KEPT_REHEARSALS took, twice over (the last one alone let
 # a slower one overrun the release: a 0.25 ms lead raised the 1-call p99 by ~0.25 ms,
-# bench/results/bench_engine_bf16_1_ab_5179f01_*.json), at least REHEARSAL_NS and at most an
+# bench/results/bench_engine_bf16_1_ab_{5179f01,9a47cab_vs_5179f01}_*.json; with the longest,
+# 774f48d_*.json and 9a47cab_vs_774f48d_*.json), at least REHEARSAL_NS and at most an
 # eighth of the period (one stalled rehearsal must not push the lead past the idle time after
 # a busy tick, where no tick would rehearse again); a tick that could not rehearse halves the
 # lead. At 300 calls a fixed 1 ms was overrun (the rehearsal took ~2.5 ms) and started the
