@@ -1,7 +1,7 @@
 """Moshi 7B tick time vs concurrent calls on one GPU: Cadence's executors against Kyutai's.
 
     python bench/engine_gpu.py --slots 1,8,32,64,128 --steps 60 --json OUT.json [--reference]
-        [--kv-dtype bf16|fp8] [--full-rings] [--top-k [--torch-sampling]]
+        [--kv-dtype bf16|fp8] [--full-rings] [--top-k [--torch-sampling]] [--delay-kernel]
 
 For each slot count N (= calls served in lockstep) it builds Cadence's Moshi (bf16, random
 weights, 2-minute KV context = 1500 frames) with N rows and measures, back to back:
@@ -70,6 +70,11 @@ Weights = dict[str, dict[str, torch.Tensor]]
 GREEDY = Sampling(greedy=True, temperature=1.0, top_k=1)
 
 
+# the delay rings in two launches a step (kernels/token_delays.py, off as served), for
+# every model build() makes: `--delay-kernel`
+DELAY_KERNEL = False
+
+
 def build(
     config: MoshiConfig,
     slots: int,
@@ -90,6 +95,7 @@ def build(
         randomize(mimi, 2)
     lm.eval()
     mimi.eval()
+    lm.delays.fused = None if DELAY_KERNEL else False  # --delay-kernel
     return MoshiModel(config, lm, mimi, slots, device, None)
 
 
@@ -232,10 +238,18 @@ def main() -> int:
         action="store_true",
         help="sample with torch ops instead of kernels/sampling.py's one launch per stream",
     )
+    parser.add_argument(
+        "--delay-kernel",
+        action="store_true",
+        help="the token delay rings in two launches a step (kernels/token_delays.py; not "
+        "served yet) instead of TokenDelays' ~33 torch ops",
+    )
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
     torch.backends.cuda.matmul.allow_tf32 = True
+    global DELAY_KERNEL
+    DELAY_KERNEL = args.delay_kernel
     dependent_launch.ENABLED = not args.no_pdl
     sampling.KERNEL = not args.torch_sampling
     how = (TEXT_DEFAULT, AUDIO_DEFAULT) if args.top_k else (GREEDY, GREEDY)
@@ -250,6 +264,7 @@ def main() -> int:
         "pdl": dependent_launch.ENABLED,
         "sampling": "top-k" if args.top_k else "greedy",
         "sampling_kernel": sampling.KERNEL,
+        "delay_kernel": DELAY_KERNEL,
         "cadence": [],
         "reference": [],
     }

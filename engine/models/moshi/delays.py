@@ -12,10 +12,17 @@ At step t: the user's codes for this frame are written at t + delay; the LM read
 (initial tokens while t <= delay); what it samples is written at t + 1 (unless provided); the
 emitted frame is position t + 1 - max_delay + delay of each model stream, so nothing is
 emitted at steps t < max_delay (the first output appears at step 1).
+
+A step's work is `begin_step` (resets, the user's codes, what the LM reads, the provided
+tokens of the position it writes) and `end_step` (the sampled tokens committed): ~33 small
+torch launches, or two with `fused` (kernels/token_delays.py, off until timed on a GPU).
 """
 
 import torch
 from torch import Tensor, nn
+from torch.nn import functional
+
+from engine.models.moshi.attention import fused_on
 
 
 class TokenDelays(nn.Module):
@@ -51,10 +58,43 @@ class TokenDelays(nn.Module):
         # bool [streams]: the user's audio codebooks, given every step rather than sampled
         user_streams = torch.arange(streams, device=device) >= model_streams
         self.register_buffer("user_streams", user_streams, False)
+        # begin_step and end_step in one launch each (kernels/token_delays.py): True, None
+        # (on CUDA only) or False, the torch ops. Off by default: not yet timed on a GPU.
+        # Read at every step: set it before a graph is captured
+        self.fused: bool | None = False
 
     @property
     def ring(self) -> int:
         return self.cache.shape[2]
+
+    def begin_step(self, reset: Tensor, user_codes: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """Before a step: the `reset` rows (bool [slots]) start over, the user's codes for
+        this frame (int64 [slots, user streams]) are given; returns what the LM reads
+        (inputs) and the provided model-stream tokens of the position it writes (targets)."""
+        if fused_on(reset, self.fused):
+            # imported here: triton is absent from CPU-only installs, which never take this path
+            from kernels.token_delays import begin_step
+
+            return begin_step(
+                self.cache, self.provided, self.offsets, self.delays, self.initial,
+                self.model_streams, reset, user_codes,
+            )  # fmt: skip
+        self.reset(reset)
+        given = functional.pad(user_codes, (self.model_streams, 0))  # [slots, streams]
+        self.provide(given, self.user_streams.expand(user_codes.shape[0], -1))
+        return self.inputs(), *self.targets()
+
+    def end_step(self, text: Tensor, audio: Tensor) -> tuple[Tensor, Tensor]:
+        """After a step: `commit` of the sampled text (int64 [slots]) and audio (int64
+        [slots, model streams - 1]) tokens."""
+        if fused_on(text, self.fused):
+            from kernels.token_delays import end_step
+
+            return end_step(
+                self.cache, self.provided, self.offsets, self.delays, self.model_streams,
+                self.max_delay, text, audio,
+            )  # fmt: skip
+        return self.commit(torch.cat([text[:, None], audio], dim=1))
 
     def reset(self, mask: Tensor) -> None:
         """mask: bool [slots]."""

@@ -84,19 +84,23 @@ class MoshiLm(nn.Module):
 
     def step(self, user_codes: Tensor, reset: Tensor) -> tuple[Tensor, Tensor]:
         """See the module docstring; `reset` rows start a new call before this step."""
-        self.reset(reset)
-        given = functional.pad(user_codes, (self.delays.model_streams, 0))  # [slots, streams]
-        self.delays.provide(given, self.delays.user_streams.expand(user_codes.shape[0], -1))
-        frame, emitted, _ = self.advance()
+        self.transformer.reset(reset)
+        tokens, forced, forced_mask = self.delays.begin_step(reset, user_codes)
+        frame, emitted, _ = self._advance(tokens, forced, forced_mask)
         return frame, emitted
 
     def advance(self) -> tuple[Tensor, Tensor, Tensor]:
         """One LM step on what the delay rings hold; returns the emitted frame, whether it
         exists, and the text logits ([slots, text_card], the model's dtype) of this step."""
-        tokens = self.delays.inputs()[:, None]  # [slots, 1, streams]
-        hidden = self.out_norm(self.transformer.step(self.embed(tokens)))
+        return self._advance(self.delays.inputs(), *self.delays.targets())
+
+    def _advance(
+        self, tokens: Tensor, forced: Tensor, forced_mask: Tensor
+    ) -> tuple[Tensor, Tensor, Tensor]:
+        """advance() on the step's inputs (int64 [slots, streams]) and its provided tokens
+        (int64 and bool [slots, model streams])."""
+        hidden = self.out_norm(self.transformer.step(self.embed(tokens[:, None])))
         text_logits = self.text_linear(hidden)[:, 0]
-        forced, forced_mask = self.delays.targets()
         text = sample(
             text_logits,
             self.text_sampling,
@@ -108,7 +112,7 @@ class MoshiLm(nn.Module):
         audio = self.depformer(
             hidden, text, self.audio_sampling, self.generator, forced[:, 1:], forced_mask[:, 1:]
         )
-        frame, emitted = self.delays.commit(torch.cat([text[:, None], audio], dim=1))
+        frame, emitted = self.delays.end_step(text, audio)
         return frame, emitted, text_logits
 
     def replay(self, slot: int, frames: Tensor) -> None:
