@@ -1,7 +1,7 @@
 """Moshi 7B tick time vs concurrent calls on one GPU: Cadence's executors against Kyutai's.
 
     python bench/engine_gpu.py --slots 1,8,32,64,128 --steps 60 --json OUT.json [--reference]
-        [--kv-dtype bf16|fp8] [--full-rings] [--top-k [--torch-sampling]] [--delay-kernel]
+        [--kv-dtype bf16|fp8] [--full-rings] [--top-k [--torch-sampling]] [--torch-delays]
 
 For each slot count N (= calls served in lockstep) it builds Cadence's Moshi (bf16, random
 weights, 2-minute KV context = 1500 frames) with N rows and measures, back to back:
@@ -70,9 +70,9 @@ Weights = dict[str, dict[str, torch.Tensor]]
 GREEDY = Sampling(greedy=True, temperature=1.0, top_k=1)
 
 
-# the delay rings in two launches a step (kernels/token_delays.py, off as served), for
-# every model build() makes: `--delay-kernel`
-DELAY_KERNEL = False
+# the delay rings in two launches a step (kernels/token_delays.py, as served), for every
+# model build() makes; `--torch-delays`: TokenDelays' torch ops instead
+DELAY_KERNEL = True
 
 
 def build(
@@ -95,7 +95,7 @@ def build(
         randomize(mimi, 2)
     lm.eval()
     mimi.eval()
-    lm.delays.fused = None if DELAY_KERNEL else False  # --delay-kernel
+    lm.delays.fused = None if DELAY_KERNEL else False  # --torch-delays: False
     return MoshiModel(config, lm, mimi, slots, device, None)
 
 
@@ -239,17 +239,17 @@ def main() -> int:
         help="sample with torch ops instead of kernels/sampling.py's one launch per stream",
     )
     parser.add_argument(
-        "--delay-kernel",
+        "--torch-delays",
         action="store_true",
-        help="the token delay rings in two launches a step (kernels/token_delays.py; not "
-        "served yet) instead of TokenDelays' ~33 torch ops",
+        help="the token delay rings on TokenDelays' ~33 torch ops a step instead of "
+        "kernels/token_delays.py's two launches",
     )
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
     torch.backends.cuda.matmul.allow_tf32 = True
     global DELAY_KERNEL
-    DELAY_KERNEL = args.delay_kernel
+    DELAY_KERNEL = not args.torch_delays
     dependent_launch.ENABLED = not args.no_pdl
     sampling.KERNEL = not args.torch_sampling
     how = (TEXT_DEFAULT, AUDIO_DEFAULT) if args.top_k else (GREEDY, GREEDY)

@@ -21,8 +21,8 @@
 #   too) against cuBLAS at the depformer's and the temporal transformer's shapes, and the
 #   depformer stage with each GEMM's best tile (bench/kernels_fused_linear.py); its kernel
 #   tests compiled first;
-# delays: the token delay rings in two launches a step (kernels/token_delays.py, not served
-#   yet), its test compiled, then the step back to back with and without it, alternated;
+# delays: the token delay rings in two launches a step (kernels/token_delays.py), its test
+#   compiled, then the step back to back with and without it, alternated;
 # verify: the GPU tests alone (the engine's, the doorbell's, then every kernel test compiled,
 #   spread over 8 workers with pytest-xdist) and where the 1-call tick goes kernel by kernel
 #   (bench/tick_kernels.py) and in Mimi (bench/mimi_gpu.py's costliest kernels).
@@ -79,12 +79,12 @@ if [[ $section == sampling ]]; then
     done
 fi
 if [[ $section == delays ]]; then
-    # the delay rings in two launches (kernels/token_delays.py, not served yet): compiled
-    # against the torch ops, then the step with and without it, twice in turn
+    # the delay rings in two launches (kernels/token_delays.py): compiled against the torch
+    # ops, then the step with and without it, twice in turn
     timeout 120 python3 -m pytest -q tests/kernels/test_token_delays.py -p no:cacheprovider \
         2>&1 | tee "$out/gpu_tests_token_delays.log" | tail -2
     for round in 1 2; do
-        for run in "torch:" "kernel:--delay-kernel"; do
+        for run in "torch:--torch-delays" "kernel:"; do
             # shellcheck disable=SC2086 # the flag after the colon is a list
             timeout 170 python3 bench/engine_gpu.py --slots 1,128 --steps 60 --full-rings \
                 ${run#*:} --json "$out/engine_gpu_delays_${run%%:*}_$round.json" 2>&1 |

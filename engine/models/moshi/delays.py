@@ -15,7 +15,8 @@ emitted at steps t < max_delay (the first output appears at step 1).
 
 A step's work is `begin_step` (resets, the user's codes, what the LM reads, the provided
 tokens of the position it writes) and `end_step` (the sampled tokens committed): ~33 small
-torch launches, or two with `fused` (kernels/token_delays.py, off until timed on a GPU).
+torch launches, or two with `fused` (kernels/token_delays.py, on CUDA by default: the 1-call
+step 5.93 against 5.98 ms, 800 kernels a tick against 832).
 """
 
 import torch
@@ -59,9 +60,9 @@ class TokenDelays(nn.Module):
         user_streams = torch.arange(streams, device=device) >= model_streams
         self.register_buffer("user_streams", user_streams, False)
         # begin_step and end_step in one launch each (kernels/token_delays.py): True, None
-        # (on CUDA only) or False, the torch ops. Off by default: not yet timed on a GPU.
-        # Read at every step: set it before a graph is captured
-        self.fused: bool | None = False
+        # (on CUDA only: the default) or False, the torch ops. Read at every step: set it
+        # before a graph is captured
+        self.fused: bool | None = None
 
     @property
     def ring(self) -> int:
