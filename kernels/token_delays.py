@@ -16,7 +16,7 @@ Moshi) in registers and runs the same steps in the same order:
 Integer work only: the results are the torch path's exactly (tests/kernels/
 test_token_delays.py, many steps with resets and provided tokens, interpreted and compiled:
 bench/results/gpu_tests_token_delays_c15711d.log; the engine's GPU tests with it served,
-gpu_tests_engine_delays_c19ff8f.log). Predicted before measuring (H200, CUDA graph, 1 call):
+gpu_tests_engine_delays_b22fcce.log). Predicted before measuring (H200, CUDA graph, 1 call):
 ~33 launches of ~1.5-2 us against 2, ~50 us less per tick. Measured (`python3
 bench/engine_delays.py --slots 1`, the two alternated in one process, 2 x 100 steps back to
 back, every ring full; bench/results/engine_delays_1_c15711d.json): 5.925 ms median against
