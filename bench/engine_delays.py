@@ -6,7 +6,7 @@ kernels/token_delays.py's two launches, alternated in one process, on one GPU.
 Builds Cadence's Moshi once (7B shapes, random weights, bf16, every temporal ring full),
 captures the graph executor twice on it (`TokenDelays.fused` False, then None: the kernels
 on CUDA), and times ROUNDS rounds of `--steps` steps of each in turn (the host's `run`, its
-one sync included), with the kernels per tick of each graph. The first step of each rounds
+one sync included), with the kernels per tick of each graph. The first step of each round
 starts every row over (as a call's join does), the rest do not.
 """
 

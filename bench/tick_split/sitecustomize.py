@@ -1,6 +1,6 @@
 """Where the host's time in a tick goes: timers around the methods a tick calls, in the
 engine process of a real `cadence bench engine` run (a diagnostic: it changes no behaviour,
-each wrapper adds ~1 us to what it times).
+though each wrapper's own call is in what it times).
 
     CADENCE_DIAG=OUT_DIR PYTHONPATH=bench/tick_split:$PYTHONPATH python3 -m cadence bench \\
         engine --model moshi --random-weights --device cuda --executor graph --metrics-port 0 \\

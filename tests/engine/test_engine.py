@@ -18,6 +18,7 @@ from engine.config import EngineConfig
 from engine.control import ControlServer, ask
 from engine.engine import REHEARSAL_NS, Engine
 from engine.executors import Executor, build_executor
+from engine.executors.eager import EagerExecutor
 from engine.main import run_engine
 from engine.metrics import EngineMetrics
 from engine.models import ModelOptions
@@ -158,17 +159,14 @@ def test_a_frame_comes_back_one_tick_later_with_counters(
         assert ask(sock, {"op": "frobnicate"})["reason"] == "bad_request"
 
 
-class Bookkeeping:
+class Bookkeeping(EagerExecutor):
     """An eager executor that runs the engine's `meanwhile` inside its step (as the graph
     executor does, between the ring and the sync) or never (`runs` False), recording it."""
 
     def __init__(self, model: Model, runs: bool) -> None:
-        self.inner = build_executor("eager", model)
+        super().__init__(model)
         self.runs = runs
         self.events: list[str] = []
-        self.name = self.inner.name
-        self.model = model
-        self.kernels_per_tick = None
 
     def run(
         self,
@@ -178,21 +176,11 @@ class Bookkeeping:
         meanwhile: Callable[[], None] | None = None,
         ahead_of_outputs: Callable[[], None] | None = None,
     ) -> StepOutput:
-        pcm = pcm_in.copy()  # the inputs as handed over
         if self.runs and meanwhile is not None:
             meanwhile()
             self.events.append("meanwhile")
         self.events.append("step")
-        return self.inner.run(pcm, reset, active)
-
-    def rehearse(self, pcm_in: PcmBatch, reset: Mask, active: Mask) -> None:
-        pass
-
-    def arm(self) -> None:
-        pass
-
-    def close(self) -> None:
-        pass
+        return self.model.step(pcm_in, reset, active)
 
 
 @pytest.mark.parametrize("runs", [True, False])
@@ -222,6 +210,30 @@ def test_the_host_bookkeeping_of_a_tick_runs_once_in_its_step_or_after_it(
         (call,) = ask(sock, {"op": "status"})["calls"]
         assert (call["ticks"], call["underruns"], call["overruns"]) == (3, 1, 1)
     assert executor.events == (["meanwhile", "step"] if runs else ["step"]) * 3
+
+
+def test_the_rehearsal_ahead_of_a_steps_outputs_publishes_nothing(
+    rig: tuple[Engine, ControlServer, Path],
+) -> None:
+    """DownlinkScatter.rehearse_publish, what the graph executor runs just before a step's
+    outputs land: after a tick staged its frames, nothing reaches the ring and the next
+    tick's frame numbers are unchanged."""
+    engine, _, path = rig
+    with socket.socket(socket.AF_UNIX) as sock:
+        sock.connect(str(path))
+        _, _, writer, reader = _open_call(sock, engine, "x")
+        frame = (np.arange(N) % 100).astype(np.int16)
+        assert writer.write(frame)
+        engine.tick(0)
+        assert [f.frame for f in reader.read()] == [1]
+        numbers = engine.downlink.frame.copy()
+        engine.downlink.rehearse_publish()
+        assert reader.read() == []
+        np.testing.assert_array_equal(engine.downlink.frame, numbers)
+        engine.tick(1)
+        got = reader.read()
+        assert [f.frame for f in got] == [2]
+        np.testing.assert_array_equal(got[0].pcm, frame)
 
 
 def test_rehearsals_before_ticks_consume_nothing_and_publish_nothing(

@@ -14,6 +14,7 @@ from cadence.supervise import wait_ready
 from engine.clock import TickClock
 from engine.control import ask_once
 from engine.engine import Engine, TickReport
+from engine.executors.eager import EagerExecutor
 from engine.metrics import EngineMetrics
 from engine.models.base import Mask, PcmBatch, StepOutput
 from engine.models.echo import EchoModel
@@ -70,15 +71,14 @@ def test_a_watched_block_has_its_own_limit_and_name(capfd: pytest.CaptureFixture
     assert "warm-up step 0 has been stepping for over 0.2 s" in capfd.readouterr().err
 
 
-class BlockingExecutor:
+class BlockingExecutor(EagerExecutor):
     """An executor whose first step ("run": the warm-up's) or second close ("close": the one
     at the stop, after the warm-up's) waits until released: a hung GPU program."""
 
     name = "blocking"
-    kernels_per_tick: int | None = None
 
     def __init__(self, model: EchoModel, blocks: str) -> None:
-        self.model = model
+        super().__init__(model)
         self.blocks = blocks
         self.release = threading.Event()
         self.closes = 0
@@ -91,17 +91,9 @@ class BlockingExecutor:
         meanwhile: Callable[[], None] | None = None,
         ahead_of_outputs: Callable[[], None] | None = None,
     ) -> StepOutput:
-        if meanwhile is not None:
-            meanwhile()
         if self.blocks == "run":
             self.release.wait()
-        return self.model.step(pcm_in, reset, active)
-
-    def rehearse(self, pcm_in: PcmBatch, reset: Mask, active: Mask) -> None:
-        pass
-
-    def arm(self) -> None:
-        pass
+        return super().run(pcm_in, reset, active, meanwhile, ahead_of_outputs)
 
     def close(self) -> None:
         self.closes += 1
@@ -154,14 +146,10 @@ def test_limit_must_be_positive() -> None:
         StepWatchdog(0.0, lambda: None)
 
 
-class FaultingExecutor:
+class FaultingExecutor(EagerExecutor):
     """An executor whose step fails at once, as a device fault surfaces in torch."""
 
     name = "faulting"
-    kernels_per_tick: int | None = None
-
-    def __init__(self, model: EchoModel) -> None:
-        self.model = model
 
     def run(
         self,
@@ -172,9 +160,6 @@ class FaultingExecutor:
         ahead_of_outputs: Callable[[], None] | None = None,
     ) -> StepOutput:
         raise RuntimeError("device fault")
-
-    def rehearse(self, pcm_in: PcmBatch, reset: Mask, active: Mask) -> None:
-        pass
 
     def arm(self) -> None:
         raise AssertionError("never armed: no step ever completed")

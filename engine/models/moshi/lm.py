@@ -79,11 +79,14 @@ class MoshiLm(nn.Module):
         return embed_streams(tokens, self.emb, self.text_emb)
 
     def reset(self, mask: Tensor) -> None:
+        # `step` resets the same two on its own
         self.transformer.reset(mask)
         self.delays.reset(mask)
 
     def step(self, user_codes: Tensor, reset: Tensor) -> tuple[Tensor, Tensor]:
         """See the module docstring; `reset` rows start a new call before this step."""
+        # `reset`'s two halves: the transformer's here, the delay rings' inside begin_step
+        # (one launch with the rest of their work on CUDA)
         self.transformer.reset(reset)
         tokens, forced, forced_mask = self.delays.begin_step(reset, user_codes)
         frame, emitted, _ = self._advance(tokens, forced, forced_mask)
