@@ -98,6 +98,7 @@ from torch.nn import functional
 from kernels.arrivals import arrival_counts, last_to_arrive
 from kernels.dependent_launch import dependent, wait_for_inputs
 from kernels.device import multiprocessors
+from kernels.l2_prefetch import prefetch_range, prefetching
 
 # The step kernel's shape, (block_n, tiles_per_split, num_warps): block_n ring entries per
 # tile, tiles_per_split tiles walked by one program (the ring is split over
@@ -188,6 +189,27 @@ def _rotate(x, cos, sin):  # type: ignore[no-untyped-def,unused-ignore]
     return tl.reshape(rotated, (x.shape[0], x.shape[1]))
 
 
+@triton.jit  # type: ignore[untyped-decorator,unused-ignore]
+def _older_run(start, steps: tl.constexpr, capacity, context, split, split_frames):  # type: ignore[no-untyped-def,unused-ignore]
+    """(final, oldest, lo, hi): the older entries one split attends, for the T = `steps`
+    queries at positions start..start+T-1.
+
+    Ring entry j is age = (final - j) mod capacity frames older than the last query (final:
+    its entry). Older entries (age >= T) are attended by query i when age <= last (position
+    >= 0) and age < context + reach_i (reach_i = T - 1 - i); those of all queries form one
+    cyclic run of indices, which does not wrap in a call younger than the ring: there the
+    split's entries [lo, hi) are cut to it, so tiles outside it are skipped."""
+    last = start + steps - 1
+    final = (last % capacity).to(tl.int32)
+    oldest = tl.minimum(last, context + steps - 2).to(tl.int32)
+    lo = split * split_frames
+    hi = tl.minimum(lo + split_frames, capacity)
+    unwrapped = oldest <= final
+    lo = tl.where(unwrapped, tl.maximum(lo, final - oldest), lo)
+    hi = tl.where(unwrapped, tl.minimum(hi, final - steps + 1), hi)
+    return final, oldest, lo, hi
+
+
 # the ints stay unspecialised: a swept split size or split count compiles no new program
 # (unless the merge's width, splits_pow2, changes)
 @triton.jit(do_not_specialize=["capacity", "context", "split_frames", "splits"])  # type: ignore[untyped-decorator,unused-ignore]
@@ -216,13 +238,23 @@ def _ring_attention_step_kernel(  # type: ignore[no-untyped-def,unused-ignore]
     empty: tl.constexpr,
     direct: tl.constexpr,
     pair: tl.constexpr,
+    prefetch: tl.constexpr,
     pdl: tl.constexpr,
 ):
-    wait_for_inputs(pdl)
     row = tl.program_id(0)  # slot * heads + head
     split = tl.program_id(1)
     slot = row // heads
     head = row % heads
+    ring = row.to(tl.int64) * capacity * head_dim
+    if prefetch:  # the older entries towards L2 (kernels/l2_prefetch.py); a hint: start is
+        # read again after the wait
+        _, _, early_lo, early_hi = _older_run(
+            tl.load(start_ptr + slot), steps, capacity, context, split, split_frames
+        )
+        early = ring + early_lo * head_dim
+        prefetch_range(keys_ptr + early, (early_hi - early_lo) * head_dim, prefetch)
+        prefetch_range(values_ptr + early, (early_hi - early_lo) * head_dim, prefetch)
+    wait_for_inputs(pdl)
     dim: tl.constexpr = heads * head_dim
     half: tl.constexpr = head_dim // 2
     pairs = tl.arange(0, half)
@@ -238,7 +270,6 @@ def _ring_attention_step_kernel(  # type: ignore[no-untyped-def,unused-ignore]
     q = _rotate(tl.load(qkv_ptr + base), cos, sin)  # [T, head_dim]
     k_new = _rotate(tl.load(qkv_ptr + base + dim), cos, sin)
     v_new = tl.load(qkv_ptr + base + 2 * dim)
-    ring = row.to(tl.int64) * capacity * head_dim
     if split == 0:  # the only writer; no program reads these entries in this step
         written = ring + ((start + tokens) % capacity).to(tl.int64)[:, None] * head_dim
         tl.store(keys_ptr + written + dims[None, :], k_new)
@@ -256,18 +287,7 @@ def _ring_attention_step_kernel(  # type: ignore[no-untyped-def,unused-ignore]
     run_sum = tl.sum(own, axis=1)
     acc = tl.sum(own[:, :, None] * v_new[None, :, :], axis=1)  # [T, head_dim]
 
-    # Ring entry j is age = (final - j) mod capacity frames older than the last query. Older
-    # entries (age >= T) are attended by query i when age <= last (position >= 0) and
-    # age < context + reach_i; those of all queries form one cyclic run of indices, which
-    # does not wrap in a call younger than the ring: there, tiles outside it are skipped.
-    last = start + steps - 1
-    final = (last % capacity).to(tl.int32)
-    oldest = tl.minimum(last, context + steps - 2).to(tl.int32)
-    lo = split * split_frames
-    hi = tl.minimum(lo + split_frames, capacity)
-    unwrapped = oldest <= final
-    lo = tl.where(unwrapped, tl.maximum(lo, final - oldest), lo)
-    hi = tl.where(unwrapped, tl.minimum(hi, final - steps + 1), hi)
+    final, oldest, lo, hi = _older_run(start, steps, capacity, context, split, split_frames)
     if pair:
         run_max, run_sum, acc = _attend_older_pair(
             q, run_max, run_sum, acc, keys_ptr, values_ptr, ring, lo, hi, final, oldest,
@@ -534,6 +554,9 @@ def ring_attention_step(
         empty=EMPTY_MAX,
         direct=direct,
         pair=pair,
+        # the split form (below one program per multiprocessor) is latency-bound: its reads
+        # start before the PDL wait
+        prefetch=splits > 1 and prefetching(qkv),
         num_warps=num_warps,
         pdl=pdl,
         launch_pdl=pdl,

@@ -85,6 +85,7 @@ from engine.models.moshi.attention import FP8_MAX, KV_FP8, KV_SCALE_DTYPE
 from kernels.arrivals import arrival_counts, last_to_arrive
 from kernels.dependent_launch import dependent, wait_for_inputs
 from kernels.device import multiprocessors
+from kernels.l2_prefetch import prefetch_range, prefetching
 
 # the pass-1 program; module-level and read at each launch, so the bench can sweep them
 BLOCK_N = 32  # ring entries per tile: a 32 x 128 bf16 tile of K is 8 KiB
@@ -131,6 +132,26 @@ def ring_attention_reference(
 
 
 @triton.jit  # type: ignore[untyped-decorator,unused-ignore]
+def _split_run(last, capacity, context, split, split_frames):  # type: ignore[no-untyped-def,unused-ignore]
+    """(final, oldest, lo, hi) of one split of a ring whose query is at position `last`.
+
+    Entry j is (final - j) mod capacity frames older than the query (final: the query's own
+    entry), and attended when that age is at most `oldest` (p >= 0 and within the context):
+    one cyclic run of indices ending at `final`. The split covers entries [lo, hi); when the
+    run does not wrap (a call younger than the ring) they are cut to it, so a young call
+    reads only what it wrote. The 64-bit modulo stays out of the loops: it costs tens of
+    instructions per entry."""
+    final = (last % capacity).to(tl.int32)
+    oldest = tl.minimum(last, context - 1).to(tl.int32)
+    lo = split * split_frames
+    hi = tl.minimum(lo + split_frames, capacity)
+    unwrapped = oldest <= final
+    lo = tl.where(unwrapped, tl.maximum(lo, final - oldest), lo)
+    hi = tl.where(unwrapped, tl.minimum(hi, final + 1), hi)
+    return final, oldest, lo, hi
+
+
+@triton.jit  # type: ignore[untyped-decorator,unused-ignore]
 def _ring_split_kernel(  # type: ignore[no-untyped-def,unused-ignore]
     q_ptr,
     k_ptr,
@@ -155,34 +176,32 @@ def _ring_split_kernel(  # type: ignore[no-untyped-def,unused-ignore]
     direct: tl.constexpr,
     empty: tl.constexpr,
     precision: tl.constexpr,
+    prefetch: tl.constexpr,
     pdl: tl.constexpr,
 ):
     """Pass 1 over rings in q's dtype: the query is repeated over the 16 rows a tensor-core dot
     needs, so the tile reductions are matrix products fed straight from the (pipelined) K/V
-    loads."""
-    wait_for_inputs(pdl)
+    loads. With `prefetch` the program's run of K and V is sent towards L2 before the PDL
+    wait (kernels/l2_prefetch.py)."""
     row = tl.program_id(0)  # slot * heads + head
     split = tl.program_id(1)
     slot = row // heads
     head = row % heads
+    ring = row.to(tl.int64) * capacity
+    if prefetch:  # a hint: its position is read again after the wait
+        _, _, early_lo, early_hi = _split_run(
+            tl.load(last_ptr + slot), capacity, context, split, split_frames
+        )
+        early = (ring + early_lo) * head_dim
+        prefetch_range(k_ptr + early, (early_hi - early_lo) * head_dim, prefetch)
+        prefetch_range(v_ptr + early, (early_hi - early_lo) * head_dim, prefetch)
+    wait_for_inputs(pdl)
     last = tl.load(last_ptr + slot)
     dims = tl.arange(0, head_dim)
     lanes = tl.arange(0, 16)  # the repeated query rows; row 0 is stored
     q = tl.load(q_ptr + slot * stride_q_slot + head * stride_q_head + dims)
     q_rows = tl.broadcast_to(q[None, :], (16, head_dim))
-    ring = row.to(tl.int64) * capacity
-    # Entry j is (final - j) mod capacity frames older than the query, and attended when that
-    # age is at most `oldest` (p >= 0 and within the context): one cyclic run of indices
-    # ending at `final`. When the run does not wrap (a call younger than the ring), tiles
-    # outside it are skipped (a young call reads only what it wrote). The 64-bit modulo stays
-    # out of the loop: it costs tens of instructions per entry.
-    final = (last % capacity).to(tl.int32)  # the query's own entry
-    oldest = tl.minimum(last, context - 1).to(tl.int32)
-    lo = split * split_frames
-    hi = tl.minimum(lo + split_frames, capacity)
-    unwrapped = oldest <= final
-    lo = tl.where(unwrapped, tl.maximum(lo, final - oldest), lo)
-    hi = tl.where(unwrapped, tl.minimum(hi, final + 1), hi)
+    final, oldest, lo, hi = _split_run(last, capacity, context, split, split_frames)
     run_max = tl.full((16,), empty, tl.float32)
     run_sum = tl.zeros((16,), tl.float32)
     acc = tl.zeros((16, head_dim), tl.float32)
@@ -281,15 +300,10 @@ def _ring_split_fp8_kernel(  # type: ignore[no-untyped-def,unused-ignore]
     if head_dim < 32:  # an e4m3 product needs K >= 32; fp16 holds every e4m3 value exactly
         q_cols = q_cols.to(tl.float16)
     ring = row.to(tl.int64) * capacity
-    # the valid entries of [lo, hi) (see _ring_split_kernel): all of them when the run does
-    # not wrap, else all but the gap (final, gap_end) of entries older than the context
-    final = (last % capacity).to(tl.int32)
-    oldest = tl.minimum(last, context - 1).to(tl.int32)
-    lo = split * split_frames
-    hi = tl.minimum(lo + split_frames, capacity)
+    # the valid entries of [lo, hi) (see _split_run): all of them when the run does not
+    # wrap, else all but the gap (final, gap_end) of entries older than the context
+    final, oldest, lo, hi = _split_run(last, capacity, context, split, split_frames)
     unwrapped = oldest <= final
-    lo = tl.where(unwrapped, tl.maximum(lo, final - oldest), lo)
-    hi = tl.where(unwrapped, tl.minimum(hi, final + 1), hi)
     gap_end = tl.where(unwrapped, final + 1, final + capacity - oldest)
     # the largest value scale among the valid entries, found once: each value's weight is
     # taken relative to it, so the fp16 weights stay in [0, 1] and their products with the
@@ -494,6 +508,8 @@ def ring_attention(
             empty=EMPTY_MAX,
             # fp32 rings (tests, fp32 models) must not drop to tf32 in the dot
             precision="ieee" if q.dtype == torch.float32 else None,
+            # the few-rows program is latency-bound: its reads start before the PDL wait
+            prefetch=rows <= FEW_ROWS and prefetching(q),
             num_warps=num_warps,
             num_stages=num_stages,
             pdl=pdl,

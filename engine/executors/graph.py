@@ -21,6 +21,17 @@ synchronize) would wait for the ring forever; the engine's watchdog ends a step 
 finishes, and `close` runs an armed step out (every slot masked) when the engine stops, also
 on an error. Only on x86-64 hosts (ARMS_AHEAD).
 
+The sync: each submitted step ends with a one-program kernel that writes the step's number
+into a pinned word (kernels/doorbell.py's signal_host; the copies out have landed by then).
+Where `run`'s `ahead_of_outputs` ran, the step is due within its lead, and the host spins on
+the word for the rest (holding the GIL that short while), looking at the step's event every
+EVENT_EVERY turns, which raises a failed step's error (a failed step never writes the word);
+otherwise it synchronises on the event, the GIL released. The word is seen ~30 us sooner
+than the event's synchronize returns (bench/results/doorbell_trip_a7191e6.json). A first
+form (b22ebf7, reverted in 77bd382) spun on the word for the whole step with a sleep(0) each
+turn to yield the GIL, and gained nothing on the 1-call clock: those turns cost what the
+word saved.
+
 What cannot be captured runs before the graph, on the current stream: the model's
 `prepare` (host-decided work, such as replaying a prompt into the rows that start a call).
 A model whose `prepare` may queue work (one with a prompt) is never armed: its step is
@@ -43,6 +54,7 @@ from engine.executors.graph_nodes import count_kernel_nodes
 from engine.models.base import Mask, Model, PcmBatch, StepOutput, check_step_inputs
 
 WARMUP_STEPS = 3
+EVENT_EVERY = 256  # the sync's spin on the done word: turns between looks at the event
 # The ring relies on the host's stores reaching the bus in program order (the inputs, then
 # the bell), which x86-64 guarantees; elsewhere (an Arm host: Grace) each step is submitted at
 # its tick instead, until the bell's store is fenced.
@@ -101,12 +113,18 @@ class GraphExecutor:
             pcm=self._pcm_out_host.numpy(), tokens=self._tokens_out_host.numpy()
         )
         self._outputs_ahead = Anticipation()  # when run's ahead_of_outputs runs
+        # each submitted step's end: its number, written into the pinned word by the GPU
+        # (module docstring: the sync), then the event, which also reports a failed step
+        self._finished = torch.zeros(1, dtype=torch.int64).pin_memory()
+        self._finished_word = self._finished.numpy()
+        self._submitted = 0
         # the armed step: the bell it waits behind (polled by the GPU), the value it waits for
         self._bell = torch.zeros(1, dtype=torch.int64).pin_memory()
         self._bell_word = self._bell.numpy()
         self._rings = 0
         self._armed = False
         self._done = torch.cuda.Event()  # type: ignore[no-untyped-call]
+        self._load_signal()
 
     def _capture(self) -> tuple[Tensor, Tensor]:
         model = self.model
@@ -163,9 +181,10 @@ class GraphExecutor:
         began_ns = time.monotonic_ns()
         if meanwhile is not None:
             meanwhile()
-        if ahead_of_outputs is not None:
-            self._outputs_ahead.run(began_ns, ahead_of_outputs, self._done.query)
-        self._done.synchronize()  # the tick's one host sync
+        due = ahead_of_outputs is not None and self._outputs_ahead.run(
+            began_ns, ahead_of_outputs, self._step_finished
+        )
+        self._wait_finished(due)  # the tick's one host sync
         self._outputs_ahead.waited(began_ns)
         # views of the pinned buffers: the engine consumes them before the next tick
         return self._outputs
@@ -191,14 +210,46 @@ class GraphExecutor:
         self._done.synchronize()
 
     def _submit(self) -> None:
-        """Queue the copies in, the replay and the copies out on the current stream."""
+        """Queue the copies in, the replay, the copies out and the step's end (the done word,
+        the event) on the current stream."""
+        # imported here: kernels/ needs triton, which CPU-only installs lack
+        from kernels.doorbell import signal_host
+
         self._pcm.copy_(self._pcm_host, non_blocking=True)
         self._reset.copy_(self._reset_host, non_blocking=True)
         self._active.copy_(self._active_host, non_blocking=True)
         self.graph.replay()
         self._pcm_out_host.copy_(self._out_pcm, non_blocking=True)
         self._tokens_out_host.copy_(self._out_tokens, non_blocking=True)
+        self._submitted += 1
+        signal_host(self._finished, self._submitted)
         self._done.record()
+
+    def _step_finished(self) -> bool:
+        """Whether the last submitted step's outputs are in the pinned buffers (its number in
+        the done word)."""
+        return int(self._finished_word[0]) >= self._submitted
+
+    def _wait_finished(self, due: bool) -> None:
+        """Until the last submitted step has finished: spun on the done word when the step is
+        `due` (module docstring: the sync), else the event's synchronize; a failed step
+        raises from the event either way."""
+        if due:
+            turns = 0
+            while not self._step_finished():
+                turns += 1
+                if turns % EVENT_EVERY == 0 and self._done.query():  # type: ignore[no-untyped-call]
+                    break
+        if not self._step_finished():
+            self._done.synchronize()
+
+    def _load_signal(self) -> None:
+        """The done word written once now: its kernel is loaded before any step is armed
+        (kernels/doorbell.py: a first launch behind an unrung bell can block the host)."""
+        from kernels.doorbell import signal_host
+
+        signal_host(self._finished, self._submitted)
+        torch.cuda.synchronize()
 
     def _ring(self) -> None:
         # the inputs are written first, and reach the bus first (x86-64: see ARMS_AHEAD)

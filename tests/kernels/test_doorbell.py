@@ -1,4 +1,5 @@
-"""The doorbell holds its stream until the host rings (the graph executor's armed step)."""
+"""The doorbell holds its stream until the host rings (the graph executor's armed step); its
+way back tells the host the stream got that far."""
 
 import threading
 import time
@@ -11,7 +12,7 @@ import torch
 
 pytest.importorskip("triton", reason="triton is not installed (CPU torch does not bring it)")
 
-from kernels.doorbell import wait_for_bell
+from kernels.doorbell import signal_host, wait_for_bell
 
 gpu = pytest.mark.gpu
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
@@ -23,6 +24,14 @@ def test_a_bell_the_gpu_cannot_read_is_refused() -> None:
     if torch.cuda.is_available():
         with pytest.raises(AssertionError, match="host memory"):
             wait_for_bell(torch.zeros(1, dtype=torch.int64, device="cuda"), 1)
+
+
+def test_a_flag_the_gpu_cannot_write_is_refused() -> None:
+    with pytest.raises(AssertionError, match="pinned"):
+        signal_host(torch.zeros(1, dtype=torch.int64), 1)
+    if torch.cuda.is_available():
+        with pytest.raises(AssertionError, match="host memory"):
+            signal_host(torch.zeros(1, dtype=torch.int64, device="cuda"), 1)
 
 
 @gpu
@@ -52,4 +61,35 @@ def test_the_stream_waits_for_the_ring_and_only_for_it() -> None:
     assert float(after.item()) == 4.0
     with torch.cuda.stream(stream):  # a bell already past the value: no wait at all
         wait_for_bell(bell, 3)
+    stream.synchronize()
+
+
+@gpu
+@needs_cuda
+def test_the_flag_changes_once_the_work_before_it_is_done() -> None:
+    bell = torch.zeros(1, dtype=torch.int64).pin_memory()
+    flag = torch.zeros(1, dtype=torch.int64).pin_memory()
+    out = torch.zeros(1, dtype=torch.int64).pin_memory()
+    value = torch.full((1,), 7, dtype=torch.int64, device="cuda")
+    stream = torch.cuda.Stream()  # type: ignore[no-untyped-call]
+    signal_host(flag, 0)  # loaded before a bell is armed (see the test above)
+    out.copy_(value, non_blocking=True)
+    torch.cuda.synchronize()
+    out.zero_()
+    previous = 0
+    for adds, number in enumerate((1, 2, 17), start=1):
+        with torch.cuda.stream(stream):
+            wait_for_bell(bell, number)
+            value.add_(1)
+            out.copy_(value, non_blocking=True)  # a copy out, as the graph executor's
+            signal_host(flag, number)
+        time.sleep(0.02)
+        assert int(flag.numpy()[0]) == previous, "the flag ran past an unrung bell"
+        bell.numpy()[0] = number
+        deadline = time.monotonic() + 5.0
+        while flag.numpy()[0] != number:
+            assert time.monotonic() < deadline, "the flag never changed"
+        # the copy queued before the flag has landed once the flag says so
+        assert int(out.numpy()[0]) == 7 + adds
+        previous = number
     stream.synchronize()
