@@ -31,9 +31,9 @@ against PDL everywhere (`_pdl_all`); `blas`, torch's default BLAS library choice
 windows in one launch (`_window`, kernels/seanet_window.py) against torch's ops
 (`_no_window`); `cudnn`, cuDNN's convolution algorithms timed and chosen per shape at the
 first call (`_cudnn_benchmark`, torch.backends.cudnn.benchmark) against its heuristics
-(`_cudnn_heuristics`, as served); `prefetch`, the ring attention kernels' reads sent
-towards L2 before their PDL wait (`_prefetch`, kernels/l2_prefetch.py, as served) against
-not (`_no_prefetch`). Each knob is set back as served after its experiment.
+(`_cudnn_heuristics`, as served). Each knob is set back as served after its experiment.
+(An arm `prefetch`, for the ring attention kernels' L2 prefetch of commit ec42be0, went with
+it: bench/results/engine_stages_prefetch_ec42be0.json.)
 
 Reported per stage: median and p99 ms per replay (CUDA events, 50 replays after 5), and the
 number of kernels one eager run of the stage launches (torch profiler). The sum of the
@@ -65,7 +65,7 @@ from engine.models.moshi.mimi.seanet import StreamingConv1d
 from engine.models.moshi.model import randomize
 from engine.models.moshi.sampling import Sampling, sample
 from engine.models.moshi.transformer import FEW_ROWS as TEMPORAL_FEW_ROWS
-from kernels import dependent_launch, l2_prefetch
+from kernels import dependent_launch
 from kernels.fused_linear import MAX_ROWS, Tiles
 
 log = logging.getLogger("engine_stages")
@@ -102,7 +102,6 @@ def serve(mimi: MimiCodec) -> None:
     dependent_launch.ALL_UP_TO = SERVED_ALL_UP_TO
     torch.backends.cuda.preferred_blas_library("default")
     torch.backends.cudnn.benchmark = SERVED_CUDNN_BENCHMARK
-    l2_prefetch.ENABLED = True
     for module in convolutions(mimi):
         module.window_kernel = None
 
@@ -129,9 +128,6 @@ def experiments(slots: int, mimi: MimiCodec, names: list[str]) -> list[Arms]:
     def cudnn_benchmark(on: bool) -> Callable[[], None]:
         return lambda: setattr(torch.backends.cudnn, "benchmark", on)
 
-    def prefetch(on: bool) -> Callable[[], None]:
-        return lambda: setattr(l2_prefetch, "ENABLED", on)
-
     known: dict[str, Arms] = {
         "skip": [("_skipping", all_up_to(0)), ("_pdl_all", all_up_to(slots))],
         "blas": [("_blas_default", blas("default")), ("_cublaslt", blas("cublaslt"))],
@@ -140,7 +136,6 @@ def experiments(slots: int, mimi: MimiCodec, names: list[str]) -> list[Arms]:
             ("_cudnn_benchmark", cudnn_benchmark(True)),
             ("_cudnn_heuristics", cudnn_benchmark(False)),
         ],
-        "prefetch": [("_prefetch", prefetch(True)), ("_no_prefetch", prefetch(False))],
     }
     return [known[name] for name in names]
 
@@ -241,7 +236,7 @@ def main() -> int:
         default="",
         help="block_n:block_k:warps[:programs_per_sm] or served, ...",
     )
-    parser.add_argument("--ab", default="", help="A/B experiments: skip,blas,window,cudnn,prefetch")
+    parser.add_argument("--ab", default="", help="A/B experiments: skip,blas,window,cudnn")
     args = parser.parse_args()
     tiles = [parse_tiles(spec) for spec in args.tiles.split(",") if spec]
     if args.pdl_skip is not None:

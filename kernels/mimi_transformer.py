@@ -98,7 +98,6 @@ from torch.nn import functional
 from kernels.arrivals import arrival_counts, last_to_arrive
 from kernels.dependent_launch import dependent, wait_for_inputs
 from kernels.device import multiprocessors
-from kernels.l2_prefetch import prefetch_range, prefetching
 
 # The step kernel's shape, (block_n, tiles_per_split, num_warps): block_n ring entries per
 # tile, tiles_per_split tiles walked by one program (the ring is split over
@@ -238,23 +237,14 @@ def _ring_attention_step_kernel(  # type: ignore[no-untyped-def,unused-ignore]
     empty: tl.constexpr,
     direct: tl.constexpr,
     pair: tl.constexpr,
-    prefetch: tl.constexpr,
     pdl: tl.constexpr,
 ):
+    wait_for_inputs(pdl)
     row = tl.program_id(0)  # slot * heads + head
     split = tl.program_id(1)
     slot = row // heads
     head = row % heads
     ring = row.to(tl.int64) * capacity * head_dim
-    if prefetch:  # the older entries towards L2 (kernels/l2_prefetch.py); a hint: start is
-        # read again after the wait
-        _, _, early_lo, early_hi = _older_run(
-            tl.load(start_ptr + slot), steps, capacity, context, split, split_frames
-        )
-        early = ring + early_lo * head_dim
-        prefetch_range(keys_ptr + early, (early_hi - early_lo) * head_dim, prefetch)
-        prefetch_range(values_ptr + early, (early_hi - early_lo) * head_dim, prefetch)
-    wait_for_inputs(pdl)
     dim: tl.constexpr = heads * head_dim
     half: tl.constexpr = head_dim // 2
     pairs = tl.arange(0, half)
@@ -554,9 +544,6 @@ def ring_attention_step(
         empty=EMPTY_MAX,
         direct=direct,
         pair=pair,
-        # the split form (below one program per multiprocessor) is latency-bound: its reads
-        # start before the PDL wait
-        prefetch=splits > 1 and prefetching(qkv),
         num_warps=num_warps,
         pdl=pdl,
         launch_pdl=pdl,

@@ -68,6 +68,15 @@ Triton 3.6 (302 shuffles per tile, spills at 128): 858-5023 us at 128 slots
 (bench/results/kernels_ring_attention_fp8_loop_first.json); loading it as the key tile's 2-d
 tile and reshaping keeps a thread's rows in its registers.
 
+Tried and reverted (commit ec42be0): each program of the few-rows program (and of Mimi's
+split step, kernels/mimi_transformer.py) sent its run of K and V towards L2 with bulk
+prefetches (`cp.async.bulk.prefetch.L2`) before its PDL wait, so that HBM would start on them
+while RoPE + the ring append ran. Same bits, but slower at one slot, each stage alternated
+twice in one process (`python3 bench/engine_stages.py --slots 1 --ab prefetch` as it was,
+bench/results/engine_stages_prefetch_ec42be0.json, ms with against without): temporal
+4.276 / 4.287 against 4.221 / 4.149, Mimi encode 0.565 / 0.568 against 0.524 / 0.525; only
+Mimi decode gained (0.444 / 0.446 against 0.470 / 0.459). Not profiled further.
+
 The launcher asserts shapes, dtypes, strides and devices, allocates only buffers whose size is
 fixed by the shapes (the merge's arrival counts once per device, outside any capture: run each
 shape once before capturing), and never reads device values on the host: it can be captured in
@@ -85,7 +94,6 @@ from engine.models.moshi.attention import FP8_MAX, KV_FP8, KV_SCALE_DTYPE
 from kernels.arrivals import arrival_counts, last_to_arrive
 from kernels.dependent_launch import dependent, wait_for_inputs
 from kernels.device import multiprocessors
-from kernels.l2_prefetch import prefetch_range, prefetching
 
 # the pass-1 program; module-level and read at each launch, so the bench can sweep them
 BLOCK_N = 32  # ring entries per tile: a 32 x 128 bf16 tile of K is 8 KiB
@@ -176,26 +184,17 @@ def _ring_split_kernel(  # type: ignore[no-untyped-def,unused-ignore]
     direct: tl.constexpr,
     empty: tl.constexpr,
     precision: tl.constexpr,
-    prefetch: tl.constexpr,
     pdl: tl.constexpr,
 ):
     """Pass 1 over rings in q's dtype: the query is repeated over the 16 rows a tensor-core dot
     needs, so the tile reductions are matrix products fed straight from the (pipelined) K/V
-    loads. With `prefetch` the program's run of K and V is sent towards L2 before the PDL
-    wait (kernels/l2_prefetch.py)."""
+    loads."""
+    wait_for_inputs(pdl)
     row = tl.program_id(0)  # slot * heads + head
     split = tl.program_id(1)
     slot = row // heads
     head = row % heads
     ring = row.to(tl.int64) * capacity
-    if prefetch:  # a hint: its position is read again after the wait
-        _, _, early_lo, early_hi = _split_run(
-            tl.load(last_ptr + slot), capacity, context, split, split_frames
-        )
-        early = (ring + early_lo) * head_dim
-        prefetch_range(k_ptr + early, (early_hi - early_lo) * head_dim, prefetch)
-        prefetch_range(v_ptr + early, (early_hi - early_lo) * head_dim, prefetch)
-    wait_for_inputs(pdl)
     last = tl.load(last_ptr + slot)
     dims = tl.arange(0, head_dim)
     lanes = tl.arange(0, 16)  # the repeated query rows; row 0 is stored
@@ -508,8 +507,6 @@ def ring_attention(
             empty=EMPTY_MAX,
             # fp32 rings (tests, fp32 models) must not drop to tf32 in the dot
             precision="ieee" if q.dtype == torch.float32 else None,
-            # the few-rows program is latency-bound: its reads start before the PDL wait
-            prefetch=rows <= FEW_ROWS and prefetching(q),
             num_warps=num_warps,
             num_stages=num_stages,
             pdl=pdl,

@@ -14,7 +14,6 @@ pytest.importorskip("triton", reason="triton is not installed (CPU torch does no
 
 import kernels.mimi_transformer
 from engine.models.moshi.attention import apply_rope, ring_mask, ring_write, rope_frequencies
-from kernels import l2_prefetch
 from kernels.arrivals import _COUNTS
 from kernels.mimi_transformer import (
     FULL_CHIP_SHAPE,
@@ -186,27 +185,6 @@ def test_a_captured_split_step_is_one_kernel() -> None:
         return ring_attention_step(qkv, cos, sin, keys, values, start, capacity, 16, 1)
 
     assert_replays_one_kernel(call)
-
-
-@pytest.mark.gpu
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
-@pytest.mark.parametrize("start", [1000, 30], ids=["full-ring", "young-ring"])
-def test_the_l2_prefetch_changes_no_bit(start: int, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Moshi's Mimi at one slot, the split form that sends its older entries towards L2
-    before its wait (kernels/l2_prefetch.py): the same bits with the prefetch as without, on
-    a full ring and on a young one."""
-    heads, head_dim, capacity = 8, 64, 250
-    qkv, keys, values, starts = _step_inputs([start], heads, head_dim, capacity, seed=11)
-    cos, sin = rope_tables(starts[:, None] + torch.arange(2, device=DEVICE), _freqs(head_dim))
-    assert l2_prefetch.prefetching(qkv)
-
-    def step() -> torch.Tensor:
-        # each call writes the same k and v into the rings again, which changes nothing
-        return ring_attention_step(qkv, cos, sin, keys, values, starts, capacity, 16, 1)
-
-    with_prefetch = step()
-    monkeypatch.setattr(l2_prefetch, "ENABLED", False)
-    assert torch.equal(with_prefetch, step())
 
 
 def test_step_shape_splits_the_ring_while_the_grid_leaves_multiprocessors_idle(

@@ -16,7 +16,6 @@ pytest.importorskip("triton", reason="triton is not installed (CPU torch does no
 
 import kernels.ring_attention as ring_module
 from engine.models.moshi.attention import dequantize_kv, quantize_kv, ring_mask
-from kernels import l2_prefetch
 from kernels.arrivals import _COUNTS
 from kernels.ring_attention import (
     FEW_ROWS,
@@ -225,25 +224,6 @@ def test_a_captured_call_is_one_kernel(fp8: bool) -> None:
         return ring_attention(q, keys, values, last, capacity, scales=scales)
 
     assert_replays_one_kernel(call)
-
-
-@pytest.mark.gpu
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
-@pytest.mark.parametrize("last", [3 * 1500 + 7, 40], ids=["full-ring", "young-ring"])
-def test_the_l2_prefetch_changes_no_bit(last: int, monkeypatch: pytest.MonkeyPatch) -> None:
-    """One slot of 7B shapes, the few-rows program that sends its reads towards L2 before its
-    wait (kernels/l2_prefetch.py): the same bits with the prefetch as without, on a full ring
-    and on a young one (its prefetched runs cut to the entries written)."""
-    capacity = 1500
-    q, keys, values = _inputs(1, 32, capacity, 128, torch.bfloat16, seed=22)
-    position = torch.tensor([last], device=DEVICE)
-    assert l2_prefetch.prefetching(q)
-    with_prefetch = ring_attention(q, keys, values, position, capacity)
-    monkeypatch.setattr(l2_prefetch, "ENABLED", False)
-    without = ring_attention(q, keys, values, position, capacity)
-    assert torch.equal(with_prefetch, without)
-    want = ring_attention_reference(q, keys, values, position, capacity)
-    assert _relative_error(with_prefetch, want) <= TOLERANCE[torch.bfloat16]
 
 
 def test_reference_validity_is_the_transformers_mask() -> None:
