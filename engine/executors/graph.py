@@ -32,6 +32,12 @@ form (b22ebf7, reverted in 77bd382) spun on the word for the whole step with a s
 turn to yield the GIL, and gained nothing on the 1-call clock: those turns cost what the
 word saved.
 
+The downlink (`publish_downlink`, on x86-64 hosts as the ring): each submitted step ends with
+a launch that writes its frames straight into the engine's shared-memory ring, registered
+with CUDA (kernels/downlink.py, engine/executors/device_downlink.py); the engine stages their
+places during the step, and `run` releases the staging once `meanwhile` is over, whatever it
+did, so no queued publication waits forever.
+
 What cannot be captured runs before the graph, on the current stream: the model's
 `prepare` (host-decided work, such as replaying a prompt into the rows that start a call).
 A model whose `prepare` may queue work (one with a prompt) is never armed: its step is
@@ -41,6 +47,7 @@ submitted at the tick, after that work.
 one tick launches, reported in the engine's status and by `cadence bench engine`.
 """
 
+import logging
 import platform
 import time
 from collections.abc import Callable
@@ -50,8 +57,13 @@ import torch
 from torch import Tensor
 
 from engine.clock import Anticipation
+from engine.executors import DownlinkStaging
+from engine.executors.device_downlink import DeviceDownlink
 from engine.executors.graph_nodes import count_kernel_nodes
 from engine.models.base import Mask, Model, PcmBatch, StepOutput, check_step_inputs
+from engine.ring import SharedRing
+
+log = logging.getLogger(__name__)
 
 WARMUP_STEPS = 3
 EVENT_EVERY = 256  # the sync's spin on the done word: turns between looks at the event
@@ -124,6 +136,7 @@ class GraphExecutor:
         self._rings = 0
         self._armed = False
         self._done = torch.cuda.Event()  # type: ignore[no-untyped-call]
+        self._downlink: DeviceDownlink | None = None  # publish_downlink
         self._load_signal()
 
     def _capture(self) -> tuple[Tensor, Tensor]:
@@ -179,8 +192,12 @@ class GraphExecutor:
         else:
             self._submit()
         began_ns = time.monotonic_ns()
-        if meanwhile is not None:
-            meanwhile()
+        try:
+            if meanwhile is not None:
+                meanwhile()
+        finally:
+            if self._downlink is not None:
+                self._downlink.release(self._submitted)
         due = ahead_of_outputs is not None and self._outputs_ahead.run(
             began_ns, ahead_of_outputs, self._step_finished
         )
@@ -206,8 +223,31 @@ class GraphExecutor:
             return
         self._reset_in[:] = False
         self._active_in[:] = False
+        if self._downlink is not None:
+            self._downlink.release(self._submitted)  # it publishes nothing
         self._ring()
         self._done.synchronize()
+
+    def publish_downlink(self, ring: SharedRing | None) -> DownlinkStaging | None:
+        """Each step's downlink frames published by its last launch into `ring` (module
+        docstring), on x86-64 hosts, from the next step submitted; None where CUDA cannot
+        register the ring. None: stop and unregister it (nothing may be armed)."""
+        if ring is None:
+            if self._downlink is not None:
+                if self._armed:  # a run-out that failed: the ring stays registered
+                    log.warning("an armed step still holds the downlink; left registered")
+                    return None
+                self._downlink.close()
+                self._downlink = None
+            return None
+        assert not self._armed, "the armed step would not publish: set this up before arming"
+        if not ARMS_AHEAD or self._downlink is not None:
+            return self._downlink
+        try:
+            self._downlink = DeviceDownlink(ring, self._out_pcm, self._out_tokens)
+        except RuntimeError as error:
+            log.warning("the downlink stays on the host: %s", error)
+        return self._downlink
 
     def _submit(self) -> None:
         """Queue the copies in, the replay, the copies out and the step's end (the done word,
@@ -219,9 +259,11 @@ class GraphExecutor:
         self._reset.copy_(self._reset_host, non_blocking=True)
         self._active.copy_(self._active_host, non_blocking=True)
         self.graph.replay()
+        self._submitted += 1
+        if self._downlink is not None:
+            self._downlink.launch(self._submitted)
         self._pcm_out_host.copy_(self._out_pcm, non_blocking=True)
         self._tokens_out_host.copy_(self._out_tokens, non_blocking=True)
-        self._submitted += 1
         signal_host(self._finished, self._submitted)
         self._done.record()
 
