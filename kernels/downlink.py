@@ -69,8 +69,14 @@ def _publish_kernel(  # type: ignore[no-untyped-def,unused-ignore]
         tl.store(ring_tokens_ptr + entry * tokens + which, token, mask=given)
         tl.debug_barrier()  # every thread's payload stores before the stamp
         if fence:
-            asm = "fence.sc.sys; mov.u32 $0, $1;"
-            tl.inline_asm_elementwise(asm, "=r,r", [frame], dtype=tl.int32, is_pure=False, pack=1)
+            tl.inline_asm_elementwise(
+                "fence.sc.sys; mov.u32 $0, $1;",
+                "=r,r",
+                [frame],
+                dtype=tl.int32,
+                is_pure=False,
+                pack=1,
+            )
         tl.store(ring_stamps_ptr + entry, tl.load(stamps_ptr + frame, volatile=True))
 
 
