@@ -21,7 +21,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from engine.clock import TickClock, sleep_until
-from engine.executors import DownlinkStaging, Executor
+from engine.executors import Executor
 from engine.frames import DownlinkScatter, Uplink, UplinkGather
 from engine.metrics import PHASES, EngineMetrics, loaded_cuda_torch
 from engine.models.base import AgeableModel, Mask
@@ -108,8 +108,6 @@ class Engine:
         self.downlink = DownlinkScatter(slots, samples)
         self.rehearsal_lead_ns = REHEARSAL_NS  # see REHEARSAL_NS
         self._rehearsals_ns: deque[int] = deque(maxlen=KEPT_REHEARSALS)  # what they took
-        # set while the executor publishes the downlink from the device (Engine.run)
-        self._device_downlink: DownlinkStaging | None = None
         metrics.slots_capacity.set(slots)
         metrics.info.info({"model": model.name, "executor": executor.name})
         if isinstance(model, AgeableModel):
@@ -161,21 +159,17 @@ class Engine:
         if self.age_next_tick:
             self._age_calls(live & ~reset)
         accounted: list[tuple[Uplink, NDArray[np.intp]]] = []  # the frames, the live rows
-        staging = self._device_downlink
 
         def meanwhile() -> None:
             rows = np.flatnonzero(live)
             accounted.append((self.uplink.account(snap, taken), rows))
             self.downlink.stage(self.ring, rows, snap.generations)
-            if staging is not None:
-                self.downlink.hand_over(self.ring, staging)
 
-        # with the downlink published from the device there is no conversion to rehearse;
-        # the moment is still taken (the graph executor spins on its done word from there)
-        ahead = self.downlink.rehearse_publish if staging is None else _nothing
         # a step that raises is over, not hung: the error ends the engine, not the watchdog
         with self._watched(f"tick {tick}"):
-            out = self.executor.run(self.uplink.pcm, reset, live, meanwhile, ahead)
+            out = self.executor.run(
+                self.uplink.pcm, reset, live, meanwhile, self.downlink.rehearse_publish
+            )
             if self.stall_next_tick_s:
                 time.sleep(self.stall_next_tick_s)
                 self.stall_next_tick_s = 0.0
@@ -183,9 +177,8 @@ class Engine:
             meanwhile()
         t_stepped = time.perf_counter()
 
-        # scatter (already done by the step where the executor publishes it)
-        if staging is None:
-            self.downlink.publish(self.ring, out.pcm, out.tokens)
+        # scatter
+        self.downlink.publish(self.ring, out.pcm, out.tokens)
         published_ns = time.monotonic_ns()
         t_scattered = time.perf_counter()
 
@@ -356,18 +349,7 @@ class Engine:
 
     def run(self, stop: threading.Event) -> None:
         """Warm up, then tick on absolute deadlines until `stop` is set. A stop during the
-        warm-up ends it there: the engine never reports ready nor admits a call. The
-        executor publishes the downlink from the device while this runs, where it can."""
-        self._device_downlink = self.executor.publish_downlink(self.ring)
-        if self._device_downlink is not None:
-            log.info("the downlink is published from the device")
-        try:
-            self._run(stop)
-        finally:
-            self._device_downlink = None
-            self.executor.publish_downlink(None)  # the ring can be closed after this
-
-    def _run(self, stop: threading.Event) -> None:
+        warm-up ends it there: the engine never reports ready nor admits a call."""
         if not self.warm_up(stop=stop) or stop.is_set():
             log.info("engine stopped during warm-up, before it was ready")
             return
@@ -437,10 +419,6 @@ class Engine:
             "gpu_memory_gb": _gpu_memory_gb(),
             "calls": calls,
         }
-
-
-def _nothing() -> None:
-    """No work: Engine.tick's ahead_of_outputs where the device publishes the downlink."""
 
 
 def _busy_share(durations_s: deque[float], period_ns: int) -> float | None:

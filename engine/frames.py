@@ -23,7 +23,6 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from engine.executors import DownlinkStaging
 from engine.ring import SharedRing
 from engine.slots import Snapshot
 
@@ -125,10 +124,6 @@ class DownlinkScatter:
         rows = self._rows
         self._converted(pcm)
         ring.scatter_downlink(rows, self._cols, self._stamps, self.i16[rows], tokens[rows])
-
-    def hand_over(self, ring: SharedRing, staging: DownlinkStaging) -> None:
-        """The staged frames to an executor's device publication instead of `publish`."""
-        staging.stage(ring, self._rows, self._cols, self._stamps)
 
     def rehearse(
         self, ring: SharedRing, rows: NDArray[np.intp], generations: NDArray[np.uint64]

@@ -281,14 +281,6 @@ class SharedRing:
         if self._owner:
             self._shm.unlink()
 
-    def segment(self) -> tuple[int, int]:
-        """The mapping's address and size in bytes (for registering it with a device; no
-        view of it is kept, so `close` still can close it)."""
-        buf = self._shm.buf
-        assert buf is not None, "the segment is closed"
-        view = np.frombuffer(buf, np.uint8)
-        return view.ctypes.data, view.nbytes
-
     def abandon(self) -> None:
         """A hung engine's last act: say STOPPED in the header and unlink the segment, without
         closing the mapping (the stuck main thread may still hold views into it)."""

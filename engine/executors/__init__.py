@@ -3,24 +3,7 @@
 from collections.abc import Callable
 from typing import Protocol
 
-import numpy as np
-from numpy.typing import NDArray
-
 from engine.models.base import Mask, Model, PcmBatch, StepOutput
-from engine.ring import SharedRing
-
-
-class DownlinkStaging(Protocol):
-    """Where the engine stages, during a step, the downlink frames the step itself publishes
-    (engine/executors/device_downlink.py)."""
-
-    def stage(
-        self,
-        ring: SharedRing,
-        rows: NDArray[np.intp],
-        cols: NDArray[np.intp],
-        stamps: NDArray[np.uint64],
-    ) -> None: ...
 
 
 class Executor(Protocol):
@@ -57,14 +40,7 @@ class Executor(Protocol):
         ready where the executor can (the graph executor queues it behind a doorbell)."""
 
     def close(self) -> None:
-        """When the engine stops (and after the warm-up's armed step): leave nothing queued
-        on the device."""
-
-    def publish_downlink(self, ring: SharedRing | None) -> DownlinkStaging | None:
-        """From the next step on, publish each step's downlink frames into `ring` from the
-        device, where the executor can: the staging the engine then gives the frames'
-        places to during the step (else None: the engine publishes them from the host).
-        None: stop, before `ring` is closed (nothing armed)."""
+        """When the engine stops: leave nothing queued on the device."""
 
 
 EXECUTORS = ("eager", "graph")

@@ -5,9 +5,7 @@ It is the reference the graph and persistent executors are held to: same model, 
 
 from collections.abc import Callable
 
-from engine.executors import DownlinkStaging
 from engine.models.base import Mask, Model, PcmBatch, StepOutput
-from engine.ring import SharedRing
 
 
 class EagerExecutor:
@@ -39,7 +37,3 @@ class EagerExecutor:
 
     def close(self) -> None:
         """Nothing is ever left queued."""
-
-    def publish_downlink(self, ring: SharedRing | None) -> DownlinkStaging | None:
-        """Never: the engine publishes the outputs from the host."""
-        return None

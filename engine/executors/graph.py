@@ -27,16 +27,22 @@ Where `run`'s `ahead_of_outputs` ran, the step is due within its lead, and the h
 the word for the rest (holding the GIL that short while), looking at the step's event every
 EVENT_EVERY turns, which raises a failed step's error (a failed step never writes the word);
 otherwise it synchronises on the event, the GIL released. The word is seen ~30 us sooner
-than the event's synchronize returns (bench/results/doorbell_trip_a7191e6.json). A first
-form (b22ebf7, reverted in 77bd382) spun on the word for the whole step with a sleep(0) each
-turn to yield the GIL, and gained nothing on the 1-call clock: those turns cost what the
-word saved.
+than the event's synchronize returns (bench/results/doorbell_trip_a7191e6.json). On the
+1-call clock, alternated with the event's sync (af7cb5c) in one command, three pairs: tick
+p50 6.222 / 6.201 / 6.168 ms against 6.245 / 6.234 / 6.215 (bench/results/
+bench_engine_bf16_1_ab_{5425ebb,af7cb5c_vs_5425ebb}_*.json). A first form (b22ebf7, reverted
+in 77bd382) spun on the word for the whole step with a sleep(0) each turn to yield the GIL,
+and gained nothing: those turns cost what the word saved.
 
-The downlink (`publish_downlink`, on x86-64 hosts as the ring): each submitted step ends with
-a launch that writes its frames straight into the engine's shared-memory ring, registered
-with CUDA (kernels/downlink.py, engine/executors/device_downlink.py); the engine stages their
-places during the step, and `run` releases the staging once `meanwhile` is over, whatever it
-did, so no queued publication waits forever.
+Tried and reverted (commits 1977b05, 7149936): the downlink published by the step itself, a
+last launch writing each frame's int16 audio, tokens and stamp straight into the engine's
+shared-memory ring registered with CUDA (cudaHostRegister), the host staging the frames'
+places during the step. Right (the ring byte for byte the host scatter's, GPU test passed),
+but no faster at 1 call and slower at 300: alternated in one command with 4ba5051 (host
+scatter), 1 call tick p50 6.115 / 6.073 against 6.101 / 6.089 ms (the scatter phase 0.001
+against 0.037, the step 15 us longer); 300 fp8 calls 48.28 against 46.70 ms, the step 47.29
+against 44.86 (the scatter 0.93 ms saved, 2.4 ms added: the GPU's small stores over PCIe),
+bench/results/bench_engine_{bf16_1,fp8_300}_ab_*7149936*.json.
 
 What cannot be captured runs before the graph, on the current stream: the model's
 `prepare` (host-decided work, such as replaying a prompt into the rows that start a call).
@@ -47,7 +53,6 @@ submitted at the tick, after that work.
 one tick launches, reported in the engine's status and by `cadence bench engine`.
 """
 
-import logging
 import platform
 import time
 from collections.abc import Callable
@@ -57,13 +62,8 @@ import torch
 from torch import Tensor
 
 from engine.clock import Anticipation
-from engine.executors import DownlinkStaging
-from engine.executors.device_downlink import DeviceDownlink
 from engine.executors.graph_nodes import count_kernel_nodes
 from engine.models.base import Mask, Model, PcmBatch, StepOutput, check_step_inputs
-from engine.ring import SharedRing
-
-log = logging.getLogger(__name__)
 
 WARMUP_STEPS = 3
 EVENT_EVERY = 256  # the sync's spin on the done word: turns between looks at the event
@@ -136,7 +136,6 @@ class GraphExecutor:
         self._rings = 0
         self._armed = False
         self._done = torch.cuda.Event()  # type: ignore[no-untyped-call]
-        self._downlink: DeviceDownlink | None = None  # publish_downlink
         self._load_signal()
 
     def _capture(self) -> tuple[Tensor, Tensor]:
@@ -192,12 +191,8 @@ class GraphExecutor:
         else:
             self._submit()
         began_ns = time.monotonic_ns()
-        try:
-            if meanwhile is not None:
-                meanwhile()
-        finally:
-            if self._downlink is not None:
-                self._downlink.release(self._submitted)
+        if meanwhile is not None:
+            meanwhile()
         due = ahead_of_outputs is not None and self._outputs_ahead.run(
             began_ns, ahead_of_outputs, self._step_finished
         )
@@ -223,31 +218,8 @@ class GraphExecutor:
             return
         self._reset_in[:] = False
         self._active_in[:] = False
-        if self._downlink is not None:
-            self._downlink.release(self._submitted)  # it publishes nothing
         self._ring()
         self._done.synchronize()
-
-    def publish_downlink(self, ring: SharedRing | None) -> DownlinkStaging | None:
-        """Each step's downlink frames published by its last launch into `ring` (module
-        docstring), on x86-64 hosts, from the next step submitted; None where CUDA cannot
-        register the ring. None: stop and unregister it (nothing may be armed)."""
-        if ring is None:
-            if self._downlink is not None:
-                if self._armed:  # a run-out that failed: the ring stays registered
-                    log.warning("an armed step still holds the downlink; left registered")
-                    return None
-                self._downlink.close()
-                self._downlink = None
-            return None
-        assert not self._armed, "the armed step would not publish: set this up before arming"
-        if not ARMS_AHEAD or self._downlink is not None:
-            return self._downlink
-        try:
-            self._downlink = DeviceDownlink(ring, self._out_pcm, self._out_tokens)
-        except RuntimeError as error:
-            log.warning("the downlink stays on the host: %s", error)
-        return self._downlink
 
     def _submit(self) -> None:
         """Queue the copies in, the replay, the copies out and the step's end (the done word,
@@ -259,11 +231,9 @@ class GraphExecutor:
         self._reset.copy_(self._reset_host, non_blocking=True)
         self._active.copy_(self._active_host, non_blocking=True)
         self.graph.replay()
-        self._submitted += 1
-        if self._downlink is not None:
-            self._downlink.launch(self._submitted)
         self._pcm_out_host.copy_(self._out_pcm, non_blocking=True)
         self._tokens_out_host.copy_(self._out_tokens, non_blocking=True)
+        self._submitted += 1
         signal_host(self._finished, self._submitted)
         self._done.record()
 

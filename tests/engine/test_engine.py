@@ -17,7 +17,7 @@ from engine.clock import TickClock, sleep_until
 from engine.config import EngineConfig
 from engine.control import ControlServer, ask
 from engine.engine import REHEARSAL_NS, Engine
-from engine.executors import DownlinkStaging, Executor, build_executor
+from engine.executors import Executor, build_executor
 from engine.executors.eager import EagerExecutor
 from engine.main import run_engine
 from engine.metrics import EngineMetrics
@@ -410,9 +410,6 @@ class StopsDuringWarmUp:
 
     def close(self) -> None:
         self.calls.append("close")
-
-    def publish_downlink(self, ring: SharedRing | None) -> DownlinkStaging | None:
-        return self.inner.publish_downlink(ring)
 
 
 @pytest.mark.parametrize("at", [1, 3])

@@ -2,7 +2,6 @@
 
 import functools
 import threading
-import time
 from collections.abc import Iterator
 
 import numpy as np
@@ -12,11 +11,9 @@ torch = pytest.importorskip("torch")
 
 from engine.executors.eager import EagerExecutor  # noqa: E402
 from engine.executors.graph import GraphExecutor  # noqa: E402
-from engine.frames import DownlinkScatter  # noqa: E402
 from engine.models.base import Mask, PcmBatch  # noqa: E402
 from engine.models.moshi.config import load_config  # noqa: E402
 from engine.models.moshi.model import MoshiModel, build_moshi  # noqa: E402
-from engine.ring import RingSpec, SharedRing  # noqa: E402
 
 pytestmark = [
     pytest.mark.gpu,
@@ -146,47 +143,3 @@ def test_kernels_per_tick_counts_the_kernels_one_step_launches() -> None:
     assert graph.kernels_per_tick is not None
     # the graph holds exactly the step's kernels; allow the profiler a few it names otherwise
     assert abs(graph.kernels_per_tick - len(launched)) <= 0.02 * len(launched)
-
-
-def test_the_device_publishes_the_downlink_as_the_host_would() -> None:
-    """publish_downlink: each step's frames written into the registered ring by the step
-    itself, byte for byte what the host's scatter makes of the same outputs, armed and not;
-    a step that stages nothing (the warm-up's) publishes nothing and does not hang; once
-    stopped, the ring closes (no view of it left)."""
-    model = _model(greedy=True)
-    graph = GraphExecutor(model)
-    frame = model.frame
-    spec = RingSpec(SLOTS, frame.samples, frame.sample_rate, frame.tokens, 4, 80_000_000)
-    stem = f"cadence-test-device-downlink-{time.monotonic_ns()}"
-    ring, host_ring = SharedRing.create(stem + "-d", spec), SharedRing.create(stem + "-h", spec)
-    staging = graph.publish_downlink(ring)
-    assert staging is not None
-    device, host = DownlinkScatter(SLOTS, frame.samples), DownlinkScatter(SLOTS, frame.samples)
-    generations = np.array([3, 4, 0, 6], np.uint64)
-    rows = np.flatnonzero(generations)
-    every = np.ones(SLOTS, np.bool_)
-    graph.run(np.zeros((SLOTS, frame.samples), np.float32), every, every)  # stages nothing
-    assert _synchronizes()
-    assert not ring.down_stamps.any()
-    for step, (pcm, reset, active) in enumerate(_calls_joining_and_leaving()):
-        if step == 8:
-            break
-
-        def meanwhile() -> None:
-            device.stage(ring, rows, generations)
-            device.hand_over(ring, staging)
-
-        out = graph.run(pcm, reset, active, meanwhile, lambda: None)
-        host.stage(host_ring, rows, generations)
-        host.publish(host_ring, out.pcm.copy(), out.tokens)
-        for name in ("down_stamps", "down_tokens", "down_pcm"):
-            np.testing.assert_array_equal(
-                getattr(ring, name), getattr(host_ring, name), err_msg=f"step {step} {name}"
-            )
-        if step % 2:
-            graph.arm()
-    assert int(ring.down_stamps.max() & np.uint64(0xFFFFFFFF)) == 8
-    graph.close()
-    assert graph.publish_downlink(None) is None
-    ring.close()  # BufferError while any view of the segment is left
-    host_ring.close()
