@@ -170,7 +170,6 @@ class GraphExecutor:
         self._armed = True  # from here the bell must be rung, even if the submit fails
         self._submit()
 
-    @torch.no_grad()
     def run(
         self,
         pcm_in: PcmBatch,
@@ -182,7 +181,10 @@ class GraphExecutor:
         """One step: the inputs into the pinned buffers, the bell rung (or the step submitted),
         `meanwhile` run while the device steps, `ahead_of_outputs` just before the step is
         expected to end (engine/clock.py's Anticipation, from the recent steps), then the
-        tick's one host sync."""
+        tick's one host sync. No torch.no_grad here: nothing it runs records autograd (the
+        copies and the replay are of tensors that need no gradient; a prompt's replay in
+        `prepare` enters it itself), and its entry cost ~2-29 us on the critical path (see
+        MoshiModel.prepare)."""
         check_step_inputs(self.model, pcm_in, reset, active)
         self.model.prepare(reset)  # queues nothing where a step is armed (see arm)
         self._stage_inputs(pcm_in, reset, active)

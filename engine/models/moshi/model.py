@@ -166,11 +166,15 @@ class MoshiModel:
         """Only a prompt to replay makes `prepare` queue device work."""
         return self._prompt is not None
 
-    @torch.no_grad()
     def prepare(self, reset: Mask) -> None:
         """The host-decided part of a step, run before `device_step` (and outside any graph):
-        clear and replay the prompt into the rows that start a call this tick."""
-        if self._prompt is not None and reset.any():
+        clear and replay the prompt into the rows that start a call this tick. Without work
+        to do it enters no torch.no_grad: on the tick's critical path that entry cost ~2 us
+        hot and ~29 us after a 6 ms sleep on a 2-core development machine (a trivial
+        function decorated with it against plain, medians over 200 calls)."""
+        if self._prompt is None or not reset.any():
+            return
+        with torch.no_grad():
             self.lm.reset(torch.from_numpy(reset).to(self.device))
             for slot in np.flatnonzero(reset):
                 self.lm.replay(int(slot), self._prompt)
