@@ -1,10 +1,12 @@
 """How long a piece of the tick's host work takes against the time since it last ran, on
 this machine's CPU: the engine's reason to rehearse its host work just before it runs.
 
-    python3 bench/tick_gap.py --json OUT.json [--rounds 40]
+    python3 bench/tick_gap.py --json OUT.json [--rounds 40] [--piece convert|no_grad]
 
-The piece is the scatter's conversion of one call's frame (engine/frames.py: clip a float32
-[1, 1920] in place, then scale it into int16). Each round sleeps 70 ms (what a 1-call tick
+The piece is the scatter's conversion of one call's frame (`convert`, engine/frames.py: clip
+a float32 [1, 1920] in place, then scale it into int16), or a call of a function decorated
+with torch.no_grad that does nothing else (`no_grad`: what the graph executor's `run` and the
+model's `prepare` entered on every tick until 039d4fb). Each round sleeps 70 ms (what a 1-call tick
 leaves of the 80 ms period), spins 0.5 ms, runs the piece once (the rehearsal), spins GAP
 us, and times the piece once more; medians and p90 in us per gap (GAPS), and the piece back
 to back (`hot`: the median of 2,000 runs in a row).
@@ -16,6 +18,7 @@ import platform
 import statistics
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -26,18 +29,43 @@ IDLE_S = 0.07
 SAMPLES = 1920
 
 
+def convert() -> Callable[[], None]:
+    """np.clip in place + np.multiply into int16, float32 [1, 1920]."""
+    pcm = np.zeros((1, SAMPLES), np.float32)
+    i16 = np.zeros((1, SAMPLES), np.int16)
+
+    def run() -> None:
+        np.clip(pcm, -1.0, 32767.0 / 32768.0, out=pcm)
+        np.multiply(pcm, 32768.0, out=i16, casting="unsafe")
+
+    return run
+
+
+def no_grad() -> Callable[[], None]:
+    """A call of a function that does nothing, decorated with torch.no_grad."""
+    import torch
+
+    @torch.no_grad()
+    def run() -> None:
+        pass
+
+    return run
+
+
+PIECES: dict[str, Callable[[], Callable[[], None]]] = {"convert": convert, "no_grad": no_grad}
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=40)
     parser.add_argument("--json", type=Path)
+    parser.add_argument("--piece", choices=sorted(PIECES), default="convert")
     args = parser.parse_args()
-    pcm = np.zeros((1, SAMPLES), np.float32)
-    i16 = np.zeros((1, SAMPLES), np.int16)
+    work = PIECES[args.piece]()
 
     def piece() -> int:
         began = time.perf_counter_ns()
-        np.clip(pcm, -1.0, 32767.0 / 32768.0, out=pcm)
-        np.multiply(pcm, 32768.0, out=i16, casting="unsafe")
+        work()
         return time.perf_counter_ns() - began
 
     def spin(us: float) -> None:
@@ -70,7 +98,7 @@ def main() -> int:
             "numpy": np.__version__,
             "processor": platform.processor(),
         },
-        "piece": "np.clip in place + np.multiply into int16, float32 [1, 1920]",
+        "piece": args.piece,
         "rounds": args.rounds,
         "hot_us": hot,
         "rows": rows,

@@ -186,8 +186,8 @@ class GraphExecutor:
         `prepare` enters it itself). Without the two entries (this and prepare's) the 1-call
         tick's p50 on the clock was 6.073 / 6.073 ms against 6.139 / 6.161 with them,
         alternated in one command on the H200 machine (bench/results/
-        bench_engine_bf16_1_ab_{039d4fb,4ba5051_vs_039d4fb}_*.json): more than the ~2-29 us
-        an entry cost on the development machine (MoshiModel.prepare), not analysed."""
+        bench_engine_bf16_1_ab_{039d4fb,4ba5051_vs_039d4fb}_*.json); an entry cold took 71 us
+        on the development machine (MoshiModel.prepare), not measured on the H200's host."""
         check_step_inputs(self.model, pcm_in, reset, active)
         self.model.prepare(reset)  # queues nothing where a step is armed (see arm)
         self._stage_inputs(pcm_in, reset, active)

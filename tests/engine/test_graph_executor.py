@@ -67,8 +67,11 @@ def test_graph_replays_match_eager_steps_with_calls_joining_and_leaving(
     # step's copy back to the host would wait behind it (only the engine runs between rings)
     wanted = [eager.run(pcm, reset, active) for pcm, reset, active in steps]
     meanwhiles: list[int] = []
+    # armed, as the engine runs it: with `ahead_of_outputs`, so that once a step is due the
+    # host spins on the done word, and the outputs read after it must be the step's
+    ahead = (lambda: None) if armed else None
     for step, ((pcm, reset, active), want) in enumerate(zip(steps, wanted, strict=True)):
-        got = graph.run(pcm, reset, active, functools.partial(meanwhiles.append, step))
+        got = graph.run(pcm, reset, active, functools.partial(meanwhiles.append, step), ahead)
         np.testing.assert_array_equal(got.tokens, want.tokens, err_msg=f"step {step}")
         np.testing.assert_allclose(got.pcm, want.pcm, atol=1e-5, err_msg=f"step {step}")
         if armed:

@@ -169,9 +169,10 @@ class MoshiModel:
     def prepare(self, reset: Mask) -> None:
         """The host-decided part of a step, run before `device_step` (and outside any graph):
         clear and replay the prompt into the rows that start a call this tick. Without work
-        to do it enters no torch.no_grad: on the tick's critical path that entry cost ~2 us
-        hot and ~29 us after a 6 ms sleep on a 2-core development machine (a trivial
-        function decorated with it against plain, medians over 200 calls)."""
+        to do it enters no torch.no_grad, which is on the tick's critical path: entering it
+        took 3.3 us back to back and 71 us at the median 6 ms after its last entry, on the
+        2-core development machine (`python3 bench/tick_gap.py --piece no_grad`,
+        bench/results/tick_gap_no_grad_cpu.json)."""
         if self._prompt is None or not reset.any():
             return
         with torch.no_grad():
