@@ -11,9 +11,9 @@ The eager path uses cdist, Kyutai's metric, so that near ties break the same way
 match Kyutai's bit for bit). The fused path (`fused=True`: kernels/mimi_rvq.py, CUDA or the
 interpreter) takes 2 launches per codebook to encode (a GEMM with the codeword norms in its
 epilogue, then argmin + residual update) and one per quantizer to sum the codewords, against
-~12 and ~2 per codebook eager. It keeps the eager 1x1 convolutions for the projections (on
-CUDA in TF32, cuDNN's default), so decoding is bit-identical to eager and encoding differs
-from cdist in rounding only. An fp32 GEMM in their place had moved 2 of 2016 codes in
+~12 and ~2 per codebook eager; the codeword norms are computed once, not per step. It keeps
+the eager 1x1 convolutions for the projections (on CUDA in TF32, cuDNN's default), so
+decoding is bit-identical to eager and encoding differs from cdist in rounding only. An fp32 GEMM in their place had moved 2 of 2016 codes in
 tests/kernels/test_mimi_codec.py's GPU run; that test's audio error in TF32 (8.2e-4 then,
 5.9e-4 with these projections) is TF32's own noise, which the SEANet convolutions make of
 any rounding difference upstream (eager TF32 against eager fp32: 8.5e-4); with fp32
@@ -34,6 +34,10 @@ class ResidualQuantizer(nn.Module):
         self.input_proj = nn.Conv1d(latent_dim, dim, 1, bias=False, device=device)
         self.output_proj = nn.Conv1d(dim, latent_dim, 1, bias=False, device=device)
         self.codebooks = nn.Parameter(torch.zeros(codebooks, bins, dim, device=device))
+        # the fused encode's codeword norms |c|^2 [K, bins], kept while the codebooks are
+        # unchanged: the key is their storage and version counter (a checkpoint load copies
+        # into them, which moves the counter)
+        self._norms: tuple[tuple[int, int], Tensor] | None = None
 
     def encode(self, latent: Tensor) -> Tensor:
         residual = self.input_proj(latent).transpose(1, 2)  # [B, frames, dim]
@@ -62,11 +66,22 @@ class ResidualQuantizer(nn.Module):
 
         projected = self.input_proj(latent)  # [B, dim, frames]
         residual = projected.transpose(1, 2).reshape(codes.shape[0], -1).contiguous()
-        norms = self.codebooks.square().sum(dim=-1)  # [K, bins]
+        norms = self._codeword_norms()
         for k, codebook in enumerate(self.codebooks):
             # |c|^2 - 2 r.c: |r - c|^2 less the row's own |r|^2
             scores = torch.addmm(norms[k], residual, codebook.T, alpha=-2.0)
             assign_nearest(scores, codebook, residual, codes, first + k)
+
+    def _codeword_norms(self) -> Tensor:
+        """|c|^2 of every codeword, [K, bins]: computed again only after the codebooks
+        changed, so a step (and a captured graph) launches no kernel for it (two a
+        quantizer, four a tick, before)."""
+        codebooks = self.codebooks
+        key = (codebooks.data_ptr(), codebooks._version)
+        if self._norms is None or self._norms[0] != key:
+            with torch.no_grad():
+                self._norms = (key, codebooks.square().sum(dim=-1))
+        return self._norms[1]
 
     def decode_fused(self, codes: Tensor, first: int, batch: int) -> Tensor:
         """codes: int64 [B * frames, 8], this quantizer's from column `first` ->

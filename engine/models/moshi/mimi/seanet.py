@@ -271,6 +271,11 @@ class StreamingConvTranspose1d(Streaming):
         weight = self.convtr.weight.data  # [in, out / groups, kernel]
         self.convtr.weight.data = weight.permute(0, 2, 1).contiguous().permute(0, 2, 1)
         self.channels_last = channels_last
+        # the overlap-add (owed share, taps, bias, new partial; channel-wise also the
+        # product) in one launch of kernels/seanet_overlap.py, channels-last only; off until
+        # timed on the GPU (that module's docstring). Read at every call: set it before a
+        # graph is captured
+        self.overlap_kernel = False
         self.partial: Tensor  # [slots, out, stride], stored time-major
         partial = torch.zeros(slots, stride, out_channels, device=device).transpose(1, 2)
         self.register_buffer("partial", partial, False)
@@ -289,6 +294,8 @@ class StreamingConvTranspose1d(Streaming):
         (stride,) = self.convtr.stride
         taps = self.convtr.weight.permute(0, 2, 1)  # [in, kernel, out / groups], contiguous
         inputs = x.transpose(1, 2)  # [slots, T, in]
+        if self.overlap_kernel and self.channels_last:
+            return self._overlap_kernel(inputs, taps)
         if self.convtr.groups == 1:
             products = (inputs @ taps.reshape(channels, -1)).view(slots, frames, 2 * stride, -1)
         else:  # channel-wise
@@ -301,6 +308,22 @@ class StreamingConvTranspose1d(Streaming):
         self.partial.transpose(1, 2).copy_(owed[:, -1])
         out = out.view(slots, frames * stride, -1).transpose(1, 2)  # time-major
         return out if self.channels_last else out.contiguous()
+
+    def _overlap_kernel(self, inputs: Tensor, taps: Tensor) -> Tensor:
+        """forward's overlap-add in one launch: inputs [slots, T, in], taps [in, kernel,
+        out / groups] -> [slots, out, T * stride], time-major."""
+        # imported here: triton is absent from CPU-only installs, which never take this path
+        from kernels.seanet_overlap import channelwise_overlap_add, overlap_add
+
+        slots, frames, channels = inputs.shape
+        partial = self.partial.transpose(1, 2)  # [slots, stride, out], rows of channels
+        bias = self.convtr.bias
+        if self.convtr.groups == 1:
+            products = (inputs @ taps.reshape(channels, -1)).view(slots, frames, taps.shape[1], -1)
+            out = overlap_add(products, partial, bias)
+        else:
+            out = channelwise_overlap_add(inputs, taps[:, :, 0], partial, bias)
+        return out.transpose(1, 2)
 
 
 class ResnetBlock(nn.Module):

@@ -137,3 +137,22 @@ def test_transposed_convolution_weights_keep_their_gemm_layout_through_a_load() 
         assert weight.permute(0, 2, 1).is_contiguous(), weight.stride()
         name = next(n for n, p in codec.named_parameters() if p is weight)
         assert torch.equal(weight, state[name])
+
+
+def test_codeword_norms_are_kept_until_the_codebooks_change() -> None:
+    """The fused encode's |c|^2 (quantizer.ResidualQuantizer) is computed once, not per step,
+    and again after a load (or any write) into the codebooks."""
+    codec = MimiCodec(tiny().mimi, 1, torch.device("cpu"))
+    rvq = codec.quantizer.rvq_rest
+    randomize(codec, 5)
+    first = rvq._codeword_norms()
+    assert torch.equal(first, rvq.codebooks.detach().square().sum(dim=-1))
+    assert rvq._codeword_norms() is first  # kept: no recomputation
+    state = {name: torch.randn_like(tensor) for name, tensor in codec.state_dict().items()}
+    codec.load_state_dict(state)
+    again = rvq._codeword_norms()
+    assert again is not first
+    assert torch.equal(again, state["quantizer.rvq_rest.codebooks"].square().sum(dim=-1))
+    with torch.no_grad():
+        rvq.codebooks.mul_(2.0)
+    assert torch.equal(rvq._codeword_norms(), rvq.codebooks.detach().square().sum(dim=-1))

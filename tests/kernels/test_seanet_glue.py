@@ -1,0 +1,136 @@
+"""SEANet's glue kernels against the codec's torch ops: the transposed convolution's
+overlap-add (kernels/seanet_overlap.py), alone and inside a decoder carried over frames.
+
+Triton's interpreter on CPU, compiled on a GPU (the same tests: the device is the test's)."""
+
+import pytest
+
+pytest.importorskip("torch")
+
+import torch
+
+pytest.importorskip("triton", reason="triton is not installed (CPU torch does not bring it)")
+
+import kernels.seanet_overlap
+from engine.models.moshi.config import tiny
+from engine.models.moshi.mimi.seanet import (
+    SeanetStack,
+    StreamingConvTranspose1d,
+    seanet_decoder,
+    time_major,
+)
+from engine.models.moshi.model import randomize
+from kernels.seanet_overlap import channelwise_overlap_add, overlap_add, overlap_add_reference
+
+DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+def _randn(*shape: int, seed: int) -> torch.Tensor:
+    generator = torch.Generator().manual_seed(seed)
+    return torch.randn(*shape, generator=generator).to(DEVICE)
+
+
+def _partial(slots: int, stride: int, channels: int, pooled: bool, seed: int) -> torch.Tensor:
+    """[slots, stride, channels]; `pooled`: a view of a wider per-slot buffer, as
+    seanet.StatePool keeps every state (rows farther apart than one partial)."""
+    values = _randn(slots, stride, channels, seed=seed)
+    if not pooled:
+        return values
+    pool = torch.zeros(slots, (stride + 3) * channels, device=DEVICE)
+    view = pool[:, : stride * channels].view(slots, stride, channels)
+    view.copy_(values)
+    return view
+
+
+@pytest.mark.parametrize("bias", [False, True], ids=["no-bias", "bias"])
+@pytest.mark.parametrize(
+    ("stride", "frames", "channels"),
+    # Mimi's strides (2 the upsample's, 5 and 6 not powers of two), one frame (the first
+    # partial is also the last), a channel count off the block, rows over one program's
+    [(2, 1, 16), (8, 2, 64), (6, 16, 70), (5, 30, 8), (4, 48, 33)],
+)
+@pytest.mark.parametrize("pooled", [False, True], ids=["packed", "pooled"])
+def test_overlap_add_is_the_torch_ops(
+    stride: int, frames: int, channels: int, bias: bool, pooled: bool
+) -> None:
+    """The same bits as the torch ops (the sums rounded in their order), output and the new
+    partial both."""
+    slots = 3
+    taps = _randn(slots, frames, 2 * stride, channels, seed=1)
+    partial = _partial(slots, stride, channels, pooled, seed=2)
+    gain = _randn(channels, seed=3) if bias else None
+    kept = partial.clone()
+    want = overlap_add_reference(taps, kept, gain)
+    got = overlap_add(taps, partial, gain)
+    assert got.shape == (slots, frames * stride, channels)
+    assert torch.equal(got, want), (got - want).abs().max()
+    assert torch.equal(partial, kept)
+    assert torch.equal(partial, taps[:, -1, stride:]), "the partial moved on"
+
+
+@pytest.mark.parametrize("frames", [1, 3])
+def test_channelwise_overlap_add_is_the_product_and_the_torch_ops(frames: int) -> None:
+    """The channel-wise form computes its taps, x * weight, rounded before the sums."""
+    slots, stride, channels = 2, 2, 70
+    x = _randn(slots, frames, channels, seed=4)
+    weight = _randn(channels, 2 * stride, seed=5)
+    partial = _partial(slots, stride, channels, True, seed=6)
+    kept = partial.clone()
+    taps = x[:, :, None, :] * weight.t()  # the codec's product
+    want = overlap_add_reference(taps, kept, None)
+    got = channelwise_overlap_add(x, weight, partial, None)
+    assert torch.equal(got, want), (got - want).abs().max()
+    assert torch.equal(partial, kept)
+
+
+def test_overlap_add_refuses_what_it_cannot_do() -> None:
+    taps = _randn(1, 2, 8, 4, seed=7)
+    with pytest.raises(AssertionError, match="partial must"):
+        overlap_add(taps, _randn(1, 4, 4, seed=8).transpose(1, 2), None)
+    with pytest.raises(AssertionError, match="taps strides"):
+        overlap_add(taps.transpose(1, 2).contiguous().transpose(1, 2), _randn(1, 4, 4, seed=9),
+                    None)  # fmt: skip
+    with pytest.raises(AssertionError, match="twice the stride"):
+        overlap_add(_randn(1, 2, 7, 4, seed=10), _randn(1, 3, 4, seed=11), None)
+
+
+def _decoders(seed: int) -> tuple[SeanetStack, SeanetStack]:
+    """Two copies of one channels-last decoder: the overlap kernel on, and off."""
+    pair = []
+    for kernel in (True, False):
+        stack = seanet_decoder(tiny().mimi, 2, DEVICE, True)
+        randomize(stack, seed)
+        for module in stack.modules():
+            if isinstance(module, StreamingConvTranspose1d):
+                module.overlap_kernel = kernel
+        pair.append(stack.eval())
+    return pair[0], pair[1]
+
+
+def test_decoder_with_the_overlap_kernel_matches_over_frames(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Three frames, so each carries the partials the kernel kept into the next; every
+    transposed convolution takes the kernel, the plain decoder none."""
+    fused, plain = _decoders(seed=12)
+    upsamplers = sum(1 for m in fused.modules() if isinstance(m, StreamingConvTranspose1d))
+    assert upsamplers > 0
+    launches: list[int] = []
+
+    def counted(
+        taps: torch.Tensor, partial: torch.Tensor, bias: torch.Tensor | None
+    ) -> torch.Tensor:
+        launches.append(1)
+        return overlap_add(taps, partial, bias)
+
+    monkeypatch.setattr(kernels.seanet_overlap, "overlap_add", counted)
+    width = tiny().mimi.seanet_dim
+    with torch.no_grad():
+        for frame in range(3):
+            x = time_major(_randn(2, width, 4, seed=20 + frame))
+            before = len(launches)
+            got = fused(x)
+            assert len(launches) - before == upsamplers
+            want = plain(x)
+            assert len(launches) - before == upsamplers, "the plain decoder takes torch's ops"
+            assert torch.equal(got, want), (got - want).abs().max()
