@@ -31,7 +31,9 @@ BLOCK_C = 64  # channels a program
 
 
 @triton.jit  # type: ignore[untyped-decorator,unused-ignore]
-def _activated(x, activate: tl.constexpr, compiled: tl.constexpr):  # type: ignore[no-untyped-def,unused-ignore]
+def activated(x, activate: tl.constexpr, compiled: tl.constexpr):  # type: ignore[no-untyped-def,unused-ignore]
+    """ELU (alpha 1) of x if `activate`, else x; `compiled`: torch's CUDA bits (expm1),
+    else the interpreter's exp - 1 (kernels/seanet_residual.py takes it too)."""
     if activate and compiled:
         x = tl.where(x > 0, x, libdevice.expm1(x))  # torch's CUDA ELU: the same bits
     elif activate:
@@ -66,7 +68,7 @@ def _window_kernel(  # type: ignore[no-untyped-def,unused-ignore]
     window_rows = window_ptr + slot.to(tl.int64) * width * channels
     inside = (times < frames)[:, None] & cols_in[None, :]
     x = tl.load(x_rows + times[:, None] * channels + cols[None, :], mask=inside, other=0.0)
-    x = _activated(x, activate, compiled)
+    x = activated(x, activate, compiled)
     tl.store(window_rows + (history + times)[:, None] * channels + cols[None, :], x, mask=inside)
     if tl.program_id(1) == 0:
         kept = tl.arange(0, block_h)
@@ -79,7 +81,7 @@ def _window_kernel(  # type: ignore[no-untyped-def,unused-ignore]
         tl.debug_barrier()
         new = tl.load(x_rows + (frames - history + kept)[:, None] * channels + cols[None, :],
                       mask=tail, other=0.0)  # fmt: skip
-        tl.store(previous_rows + at, _activated(new, activate, compiled), mask=tail)
+        tl.store(previous_rows + at, activated(new, activate, compiled), mask=tail)
 
 
 def conv_window_reference(x: Tensor, previous: Tensor, activate: bool) -> Tensor:

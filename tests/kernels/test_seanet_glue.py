@@ -1,5 +1,6 @@
-"""SEANet's glue kernels against the codec's torch ops: the transposed convolution's
-overlap-add (kernels/seanet_overlap.py), alone and inside a decoder carried over frames.
+"""SEANet's glue kernels against the codec's torch ops, alone and inside stacks carried over
+frames: the transposed convolution's overlap-add (kernels/seanet_overlap.py) and the residual
+block's ELU + 1x1 convolution + skip (kernels/seanet_residual.py).
 
 Triton's interpreter on CPU, compiled on a GPU (the same tests: the device is the test's)."""
 
@@ -12,15 +13,19 @@ import torch
 pytest.importorskip("triton", reason="triton is not installed (CPU torch does not bring it)")
 
 import kernels.seanet_overlap
+import kernels.seanet_residual
 from engine.models.moshi.config import tiny
 from engine.models.moshi.mimi.seanet import (
+    ResnetBlock,
     SeanetStack,
     StreamingConvTranspose1d,
     seanet_decoder,
+    seanet_encoder,
     time_major,
 )
 from engine.models.moshi.model import randomize
 from kernels.seanet_overlap import channelwise_overlap_add, overlap_add, overlap_add_reference
+from kernels.seanet_residual import residual_conv, residual_conv_reference
 
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
@@ -134,3 +139,78 @@ def test_decoder_with_the_overlap_kernel_matches_over_frames(
             want = plain(x)
             assert len(launches) - before == upsamplers, "the plain decoder takes torch's ops"
             assert torch.equal(got, want), (got - want).abs().max()
+
+
+@pytest.mark.parametrize(
+    ("frames", "hidden", "dim"),
+    # Mimi's widths at one frame count each (hidden half the width), a width off the
+    # blocks, frames over one program's rows, one frame
+    [(1920, 32, 64), (16, 256, 512), (5, 4, 8), (100, 48, 70), (1, 32, 64)],
+)
+def test_residual_conv_is_the_torch_ops(frames: int, hidden: int, dim: int) -> None:
+    """fp32 products and sums in another order than torch's: within fp32 rounding."""
+    slots = 2
+    x = _randn(slots, frames, dim, seed=30)
+    h = _randn(slots, frames, hidden, seed=31)
+    weight = _randn(dim, hidden, seed=32) * hidden**-0.5
+    bias = _randn(dim, seed=33)
+    got = residual_conv(x, h, weight, bias)
+    want = residual_conv_reference(x, h, weight, bias)
+    assert got.shape == want.shape
+    assert got.is_contiguous()
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+
+
+def test_residual_conv_takes_strided_slots_and_refuses_time_last() -> None:
+    """A slot's rows may sit farther apart (a view of a wider buffer); a time-last input
+    is refused, not misread."""
+    wide = _randn(2, 8, 16, seed=34)
+    x = wide[:, :5]  # slot stride 128, rows of 16 unit-stride channels
+    h = _randn(2, 5, 8, seed=35)
+    weight, bias = _randn(16, 8, seed=36), _randn(16, seed=37)
+    want = residual_conv_reference(x, h, weight, bias)
+    torch.testing.assert_close(residual_conv(x, h, weight, bias), want, rtol=1e-5, atol=1e-5)
+    with pytest.raises(AssertionError, match="time-major"):
+        residual_conv(x.transpose(1, 2).contiguous().transpose(1, 2), h, weight, bias)
+    with pytest.raises(AssertionError, match="weight"):
+        residual_conv(x, h, _randn(8, 16, seed=38).t(), bias)
+
+
+@pytest.mark.parametrize(
+    ("make", "channels", "length"),
+    [(seanet_encoder, 1, 2 * 1920), (seanet_decoder, None, 4)],
+    ids=["encoder", "decoder"],
+)
+def test_stacks_with_the_residual_kernel_match_over_frames(
+    make: object, channels: int | None, length: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Three frames; every residual block takes the kernel, the plain stack none."""
+    assert callable(make)
+    pair = []
+    for kernel in (True, False):
+        stack: SeanetStack = make(tiny().mimi, 2, DEVICE, True)
+        randomize(stack, 40)
+        for module in stack.modules():
+            if isinstance(module, ResnetBlock):
+                module.residual_kernel = kernel
+        pair.append(stack.eval())
+    fused, plain = pair
+    blocks = sum(1 for m in fused.modules() if isinstance(m, ResnetBlock))
+    assert blocks > 0
+    launches: list[int] = []
+
+    def counted(*args: torch.Tensor) -> torch.Tensor:
+        launches.append(1)
+        return residual_conv(*args)
+
+    monkeypatch.setattr(kernels.seanet_residual, "residual_conv", counted)
+    width = channels if channels is not None else tiny().mimi.seanet_dim
+    with torch.no_grad():
+        for frame in range(3):
+            x = time_major(_randn(2, width, length, seed=41 + frame) * 0.1)
+            before = len(launches)
+            got = fused(x)
+            assert len(launches) - before == blocks
+            want = plain(x)
+            assert len(launches) - before == blocks, "the plain stack takes torch's ops"
+            torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)

@@ -13,12 +13,12 @@ interpreter) takes 2 launches per codebook to encode (a GEMM with the codeword n
 epilogue, then argmin + residual update) and one per quantizer to sum the codewords, against
 ~12 and ~2 per codebook eager; the codeword norms are computed once, not per step. It keeps
 the eager 1x1 convolutions for the projections (on CUDA in TF32, cuDNN's default), so
-decoding is bit-identical to eager and encoding differs from cdist in rounding only. An fp32 GEMM in their place had moved 2 of 2016 codes in
-tests/kernels/test_mimi_codec.py's GPU run; that test's audio error in TF32 (8.2e-4 then,
-5.9e-4 with these projections) is TF32's own noise, which the SEANet convolutions make of
-any rounding difference upstream (eager TF32 against eager fp32: 8.5e-4); with fp32
-convolutions the fused codec is within 1.4e-6 of eager, every code equal (H200, the test's
-docstring).
+decoding is bit-identical to eager and encoding differs from cdist in rounding only. An
+fp32 GEMM in their place had moved 2 of 2016 codes in tests/kernels/test_mimi_codec.py's GPU
+run; that test's audio error in TF32 (8.2e-4 then, 5.9e-4 with these projections) is
+TF32's own noise, which the SEANet convolutions make of any rounding difference upstream
+(eager TF32 against eager fp32: 8.5e-4); with fp32 convolutions the fused codec is within
+1.4e-6 of eager, every code equal (H200, the test's docstring).
 """
 
 import torch

@@ -349,10 +349,25 @@ class ResnetBlock(nn.Module):
             nn.ELU(),
             StreamingConv1d(hidden, dim, 1, slots, device, channels_last=channels_last),
         )
+        self.channels_last = channels_last
+        # the second ELU, the 1x1 convolution and the skip connection in one launch of
+        # kernels/seanet_residual.py, channels-last only; off until timed on the GPU (that
+        # module's docstring). Read at every call: set it before a graph is captured
+        self.residual_kernel = False
 
     def forward(self, x: Tensor) -> Tensor:
         # block[0], the first ELU, runs inside the first convolution's window
-        update: Tensor = self.block[3](self.block[2](self.block[1](x, activate=True)))
+        inner: Tensor = self.block[1](x, activate=True)
+        if self.residual_kernel and self.channels_last:
+            # imported here: triton is absent from CPU-only installs, which never take this path
+            from kernels.seanet_residual import residual_conv
+
+            conv = self.block[3].conv
+            out = residual_conv(
+                x.transpose(1, 2), inner.transpose(1, 2), conv.weight[:, :, 0], conv.bias
+            )
+            return out.transpose(1, 2)
+        update: Tensor = self.block[3](self.block[2](inner))
         return x + update
 
 
