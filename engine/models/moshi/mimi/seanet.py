@@ -362,7 +362,10 @@ class ResnetBlock(nn.Module):
             # imported here: triton is absent from CPU-only installs, which never take this path
             from kernels.seanet_residual import residual_conv
 
-            conv = self.block[3].conv
+            pointwise = self.block[3]
+            assert isinstance(pointwise, StreamingConv1d)
+            conv = pointwise.conv
+            assert conv.bias is not None
             out = residual_conv(
                 x.transpose(1, 2), inner.transpose(1, 2), conv.weight[:, :, 0], conv.bias
             )
