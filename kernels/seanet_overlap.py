@@ -27,7 +27,7 @@ written by one program only.
 Not served: StreamingConvTranspose1d.overlap_kernel defaults off until it is timed on the
 GPU against the torch ops (`python3 bench/engine_stages.py --slots 1,128 --stages
 mimi_decode --ab glue`); checked against them in Triton's interpreter
-(tests/kernels/test_seanet_glue.py).
+(tests/kernels/test_mimi_glue.py).
 """
 
 import torch
@@ -36,6 +36,7 @@ import triton.language as tl  # type: ignore[import-not-found,import-untyped,unu
 from torch import Tensor
 
 from kernels.dependent_launch import dependent, wait_for_inputs
+from kernels.seanet_window import rows_of_channels
 
 BLOCK_ROWS = 64  # output frames a program (at least the largest stride, 8 in Mimi)
 BLOCK_C = 64  # channels a program
@@ -137,9 +138,7 @@ def _overlap_kernel(  # type: ignore[no-untyped-def,unused-ignore]
 
 def _check_partial(partial: Tensor, slots: int, stride: int, channels: int) -> None:
     assert partial.shape == (slots, stride, channels), (tuple(partial.shape), stride, channels)
-    layout = f"partial must have unit-stride channels and rows of them, strides {partial.stride()}"
-    assert partial.stride(2) == 1, layout
-    assert partial.stride(1) == channels, layout
+    rows_of_channels(partial, "partial")
     assert partial.dtype == torch.float32, partial.dtype
 
 
@@ -207,8 +206,7 @@ def channelwise_overlap_add(
     unit-stride rows; weight fp32 [C, 2 * stride] contiguous; partial as overlap_add's ->
     out fp32 [slots, T * stride, C], its taps x[s, t, c] * weight[c, j]."""
     slots, frames, channels = x.shape
-    assert x.stride(2) == 1, f"x strides {x.stride()}"
-    assert x.stride(1) == channels, f"x strides {x.stride()}"
+    rows_of_channels(x, "x")
     assert x.dtype == weight.dtype == torch.float32, (x.dtype, weight.dtype)
     assert weight.is_contiguous(), f"weight strides {weight.stride()}"
     assert weight.shape[0] == channels, tuple(weight.shape)

@@ -16,7 +16,7 @@ every row a (slot, frame):
 rounded as the torch ops round (the convolution's output with its bias, then the add), the
 products and sums in fp32 on the CUDA cores (`tl.dot`'s "ieee" precision), where cuDNN's
 convolution runs in TF32 on CUDA: the output differs from the torch ops by TF32's rounding,
-not by more (tests/kernels/test_seanet_glue.py: against fp32 torch ops within 1e-5 in the
+not by more (tests/kernels/test_mimi_glue.py: against fp32 torch ops within 1e-5 in the
 interpreter). A program computes BLOCK_M rows (at most the frames, rounded up to a power of
 two) by BLOCK_N output channels, over the hidden width BLOCK_K at a time.
 
@@ -31,7 +31,7 @@ import triton.language as tl  # type: ignore[import-not-found,import-untyped,unu
 from torch import Tensor
 
 from kernels.dependent_launch import dependent, wait_for_inputs
-from kernels.seanet_window import activated
+from kernels.seanet_window import activated, rows_of_channels
 
 MAX_BLOCK_M = 64  # rows (frames) a program
 BLOCK_N = 32  # output channels a program
@@ -87,13 +87,6 @@ def _residual_kernel(  # type: ignore[no-untyped-def,unused-ignore]
     tl.store(out_ptr + slot * frames * dim + at, out, mask=inside)
 
 
-def _rows_of_channels(t: Tensor, name: str) -> None:
-    _, frames, channels = t.shape
-    layout = f"{name} must be time-major (rows of unit-stride channels), strides {t.stride()}"
-    assert channels == 1 or t.stride(2) == 1, layout
-    assert frames == 1 or t.stride(1) == channels, layout
-
-
 def residual_conv(x: Tensor, h: Tensor, weight: Tensor, bias: Tensor) -> Tensor:
     """x: fp32 [slots, T, dim], h: fp32 [slots, T, hidden], both rows of unit-stride channels
     (a slot's rows may sit farther apart); weight: fp32 [dim, hidden] contiguous; bias: fp32
@@ -107,8 +100,8 @@ def residual_conv(x: Tensor, h: Tensor, weight: Tensor, bias: Tensor) -> Tensor:
         assert t.dtype == torch.float32, t.dtype
         assert t.device == x.device, "tensors on one device"
     assert weight.is_contiguous(), f"weight strides {weight.stride()}"
-    _rows_of_channels(x, "x")
-    _rows_of_channels(h, "h")
+    rows_of_channels(x, "x")
+    rows_of_channels(h, "h")
     out = torch.empty(slots, frames, dim, device=x.device)
     block_m = min(MAX_BLOCK_M, max(16, triton.next_power_of_2(frames)))
     grid = (slots, triton.cdiv(frames, block_m), triton.cdiv(dim, BLOCK_N))

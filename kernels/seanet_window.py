@@ -101,6 +101,15 @@ def _time_major(t: Tensor, name: str) -> None:
     assert t.stride(0) >= length * channels, layout
 
 
+def rows_of_channels(t: Tensor, name: str) -> None:
+    """Assert t [slots, frames, channels] is time-major: rows of unit-stride channels, one
+    after the other within a slot (a slot's rows may sit farther apart)."""
+    _, frames, channels = t.shape
+    layout = f"{name} must be time-major (rows of unit-stride channels), strides {t.stride()}"
+    assert channels == 1 or t.stride(2) == 1, layout
+    assert frames == 1 or t.stride(1) == channels, layout
+
+
 def conv_window(x: Tensor, previous: Tensor, activate: bool) -> Tensor:
     """x: [slots, channels, frames] and previous: [slots, channels, history], both time-major
     in memory (module docstring) -> the window [slots, channels, history + frames], time-major;

@@ -41,11 +41,16 @@ def tones_and_noise(slots: int, frames: int, seed: int) -> torch.Tensor:
     return 0.4 * envelope * torch.sin(2 * math.pi * pitch * time_s) + noise
 
 
-def codec_pair(config: MimiConfig, slots: int, device: torch.device) -> tuple[MimiCodec, ...]:
+def codec_pair(
+    config: MimiConfig, slots: int, device: torch.device, glue: bool = False
+) -> tuple[MimiCodec, ...]:
+    """(eager, fused) on the same weights; `glue`: the fused one with its glue kernels
+    (MimiCodec.use_glue_kernels, channels-last)."""
     eager = MimiCodec(config, slots, device, fused=False)
     randomize(eager, 5)
-    fused = MimiCodec(config, slots, device, fused=True)
+    fused = MimiCodec(config, slots, device, fused=True, channels_last=True if glue else None)
     fused.load_state_dict(eager.state_dict())
+    fused.use_glue_kernels(glue)
     everyone = torch.ones(slots, dtype=torch.bool, device=device)
     for codec in (eager, fused):
         codec.eval()
@@ -60,11 +65,13 @@ def _relative(got: torch.Tensor, want: torch.Tensor) -> float:
 
 @pytest.mark.interpreter
 @pytest.mark.skipif(torch.cuda.is_available(), reason="interpreter only; the GPU test compiles")
-def test_fused_codec_matches_eager_interpreted() -> None:
-    """Tiny Mimi, a ring of 4 frames (wraps after 2 steps)."""
+@pytest.mark.parametrize("glue", [False, True], ids=["served", "glue-kernels"])
+def test_fused_codec_matches_eager_interpreted(glue: bool) -> None:
+    """Tiny Mimi, a ring of 4 frames (wraps after 2 steps); `glue`: channels-last with the
+    glue kernels (MimiCodec.use_glue_kernels)."""
     config = dataclasses.replace(tiny().mimi, transformer_context=4)
     slots, frames = 2, 4
-    eager, fused = codec_pair(config, slots, torch.device("cpu"))
+    eager, fused = codec_pair(config, slots, torch.device("cpu"), glue)
     pcm = tones_and_noise(slots, frames, seed=1)
     with torch.no_grad():
         for t in range(frames):
@@ -108,8 +115,12 @@ def _tf32(allowed: bool) -> Iterator[None]:
 @pytest.mark.parametrize("tf32", [False, True], ids=["fp32-convolutions", "tf32-convolutions"])
 # 1 slot: the transformers' products on the few-rows kernel (2 rows), 4 slots: on cuBLAS
 @pytest.mark.parametrize("slots", [1, 4], ids=["few-rows-products", "cublas-products"])
-def test_fused_codec_in_cuda_graphs_matches_eager_on_gpu(tf32: bool, slots: int) -> None:
-    """Moshi's Mimi, 1 or 4 slots, 5 s (63 frames), the fused stages captured in CUDA graphs.
+@pytest.mark.parametrize("glue", [False, True], ids=["served", "glue-kernels"])
+def test_fused_codec_in_cuda_graphs_matches_eager_on_gpu(
+    tf32: bool, slots: int, glue: bool
+) -> None:
+    """Moshi's Mimi, 1 or 4 slots, 5 s (63 frames), the fused stages captured in CUDA graphs;
+    `glue`: with the glue kernels (MimiCodec.use_glue_kernels; not yet run on a GPU).
 
     With full-fp32 convolutions in both paths only the kernels' rounding differs: codes equal
     in >= 99.9% and the audio decoded from the same codes within AUDIO_TOLERANCE.
@@ -134,7 +145,7 @@ def test_fused_codec_in_cuda_graphs_matches_eager_on_gpu(tf32: bool, slots: int)
     frames = 63
     config = moshiko().mimi
     with _tf32(tf32):
-        eager, fused = codec_pair(config, slots, device)
+        eager, fused = codec_pair(config, slots, device, glue)
         reference = MimiCodec(config, slots, device, fused=False)  # fp32 convolutions
         reference.load_state_dict(eager.state_dict())
         reference.eval()

@@ -41,6 +41,7 @@ from torch import Tensor, nn
 from engine.models.moshi.config import MimiConfig
 from engine.models.moshi.mimi.quantizer import SplitQuantizer
 from engine.models.moshi.mimi.seanet import (
+    ResnetBlock,
     StatePool,
     StreamingConv1d,
     StreamingConvTranspose1d,
@@ -123,6 +124,21 @@ class MimiCodec(nn.Module):
         self._decoder_state = StatePool(
             streaming_parts(self.upsample, self.decoder_transformer, self.decoder), slots, device
         )
+
+    def use_glue_kernels(self, on: bool) -> None:
+        """The launches around the convolutions and transformers that torch's ops take
+        several for, each as one Triton launch, or not: a transposed convolution's
+        overlap-add (kernels/seanet_overlap.py), a residual block's ELU + 1x1 convolution +
+        skip (kernels/seanet_residual.py) and a transformer step's RoPE tables
+        (kernels/mimi_rope.py); channels-last codecs only. Off by default: not yet timed on
+        the GPU (bench/engine_stages.py --ab glue). Set it before a graph is captured."""
+        for module in self.modules():
+            if isinstance(module, StreamingConvTranspose1d):
+                module.overlap_kernel = on
+            elif isinstance(module, ResnetBlock):
+                module.residual_kernel = on
+            elif isinstance(module, MimiTransformer):
+                module.rope_kernel = on
 
     def reset_encoder(self, mask: Tensor) -> None:
         """mask: bool [slots]; those slots' encoder state starts over."""

@@ -130,6 +130,10 @@ class MimiTransformer(Streaming):
         self.context = context
         self.fused = fused
         self.few_rows = FEW_ROWS
+        # the fused path's RoPE tables in one launch of kernels/mimi_rope.py; off until timed
+        # on the GPU (that module's docstring). Read at every call: set it before a graph is
+        # captured
+        self.rope_kernel = False
         self.layers = nn.ModuleList(
             MimiLayer(dim, num_heads, ffn, max_period, device) for _ in range(num_layers)
         )
@@ -166,8 +170,13 @@ class MimiTransformer(Streaming):
         from kernels.mimi_transformer import residual_layer_norm, rope_tables
 
         steps = x.shape[2]
-        positions = self.positions[:, None] + torch.arange(steps, device=x.device)
-        rope = rope_tables(positions, self.freqs)
+        if self.rope_kernel:
+            from kernels.mimi_rope import step_rope_tables
+
+            rope = step_rope_tables(self.positions, steps, self.freqs)
+        else:
+            positions = self.positions[:, None] + torch.arange(steps, device=x.device)
+            rope = rope_tables(positions, self.freqs)
         h = x.transpose(1, 2).contiguous()  # [slots, T, dim]
         layers: list[MimiLayer] = list(self.layers)  # type: ignore[arg-type]
         first = layers[0].norm1

@@ -1,6 +1,7 @@
-"""SEANet's glue kernels against the codec's torch ops, alone and inside stacks carried over
-frames: the transposed convolution's overlap-add (kernels/seanet_overlap.py) and the residual
-block's ELU + 1x1 convolution + skip (kernels/seanet_residual.py).
+"""Mimi's glue kernels (MimiCodec.use_glue_kernels) against the codec's torch ops, alone and
+inside stacks carried over frames: the transposed convolution's overlap-add
+(kernels/seanet_overlap.py), the residual block's ELU + 1x1 convolution + skip
+(kernels/seanet_residual.py) and a transformer step's RoPE tables (kernels/mimi_rope.py).
 
 Triton's interpreter on CPU, compiled on a GPU (the same tests: the device is the test's)."""
 
@@ -15,6 +16,7 @@ pytest.importorskip("triton", reason="triton is not installed (CPU torch does no
 import kernels.seanet_overlap
 import kernels.seanet_residual
 from engine.models.moshi.config import tiny
+from engine.models.moshi.mimi.codec import MimiCodec
 from engine.models.moshi.mimi.seanet import (
     ResnetBlock,
     SeanetStack,
@@ -23,7 +25,9 @@ from engine.models.moshi.mimi.seanet import (
     seanet_encoder,
     time_major,
 )
+from engine.models.moshi.mimi.transformer import MimiTransformer
 from engine.models.moshi.model import randomize
+from kernels.mimi_rope import step_rope_tables, step_rope_tables_reference
 from kernels.seanet_overlap import channelwise_overlap_add, overlap_add, overlap_add_reference
 from kernels.seanet_residual import residual_conv, residual_conv_reference
 
@@ -214,3 +218,55 @@ def test_stacks_with_the_residual_kernel_match_over_frames(
             want = plain(x)
             assert len(launches) - before == blocks, "the plain stack takes torch's ops"
             torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("steps", [1, 2, 3])
+def test_step_rope_tables_are_the_torch_ops(steps: int) -> None:
+    """Positions from a new call's 0 to an hour in (90,000 frames at 25 Hz): compiled, the
+    same bits as torch's (CUDA's cosf and sinf either way); interpreted, numpy's functions
+    against torch's CPU ones, within a few ulp."""
+    start = torch.tensor([0, 7, 1000, 90_000], device=DEVICE)
+    half = torch.arange(32, device=DEVICE, dtype=torch.float32)
+    freqs = torch.exp(half * (-9.21 / 32))  # 10,000 ** (-2j / 64), as Mimi's
+    got = step_rope_tables(start, steps, freqs)
+    want = step_rope_tables_reference(start, steps, freqs)
+    for g, w in zip(got, want, strict=True):
+        assert g.shape == (4, steps, 32)
+        assert g.is_contiguous()
+        if DEVICE.type == "cuda":
+            assert torch.equal(g, w), (g - w).abs().max()
+        else:
+            torch.testing.assert_close(g, w, rtol=0, atol=1e-6)
+
+
+def test_step_rope_tables_refuse_what_they_cannot_do() -> None:
+    freqs = torch.ones(4, device=DEVICE)
+    with pytest.raises(AssertionError, match="int32"):
+        step_rope_tables(torch.zeros(2, device=DEVICE, dtype=torch.int32), 2, freqs)
+    with pytest.raises(AssertionError):
+        step_rope_tables(torch.zeros(2, 1, device=DEVICE, dtype=torch.int64), 2, freqs)
+
+
+def test_use_glue_kernels_switches_every_part() -> None:
+    """MimiCodec.use_glue_kernels reaches every transposed convolution, residual block and
+    transformer, both ways (off by default)."""
+    codec = MimiCodec(tiny().mimi, 1, DEVICE, fused=True, channels_last=True)
+
+    def switches() -> list[bool]:
+        found = []
+        for module in codec.modules():
+            if isinstance(module, StreamingConvTranspose1d):
+                found.append(module.overlap_kernel)
+            elif isinstance(module, ResnetBlock):
+                found.append(module.residual_kernel)
+            elif isinstance(module, MimiTransformer):
+                found.append(module.rope_kernel)
+        return found
+
+    # the upsample and the decoder's, the two directions' blocks, the two transformers
+    assert len(switches()) >= 2 + 2 + 2
+    assert not any(switches())
+    codec.use_glue_kernels(True)
+    assert all(switches())
+    codec.use_glue_kernels(False)
+    assert not any(switches())

@@ -1,0 +1,98 @@
+"""The RoPE tables of one Mimi transformer step in one launch.
+
+Each step of Mimi's fused transformers (engine/models/moshi/mimi/transformer.py) feeds T
+frames per slot at positions start + 0 .. T - 1 and rotates queries and keys by the angles
+freqs * position (kernels/mimi_transformer.py's ring_attention_step reads them as tables).
+In torch ops the tables are an arange, an add, the cast to fp32, a product, a cosine and a
+sine: six launches of a few hundred bytes at one call, per direction of the codec. Here:
+
+    start: int64 [slots]   freqs: fp32 [head_dim / 2]
+    cos, sin: fp32 [slots, T, head_dim / 2] of angles freqs * float32(start + t)
+
+the same arithmetic (the position rounded to fp32, one product, then CUDA's cosf and sinf
+through libdevice when compiled, which torch's CUDA kernels call too; numpy's in Triton's
+interpreter, within a few ulp of torch's CPU ones). One program per slot.
+
+Not served: MimiTransformer.rope_kernel defaults off until it is timed on the GPU against
+the torch ops (`python3 bench/engine_stages.py --slots 1,128 --stages mimi_encode,mimi_decode
+--ab glue`); checked against them in Triton's interpreter (tests/kernels/test_mimi_glue.py).
+"""
+
+import torch
+import triton  # type: ignore[import-not-found,import-untyped,unused-ignore]
+import triton.language as tl  # type: ignore[import-not-found,import-untyped,unused-ignore]
+from torch import Tensor
+from triton.language.extra import libdevice  # type: ignore[import-not-found,import-untyped,unused-ignore]
+
+from kernels.dependent_launch import dependent, wait_for_inputs
+from kernels.mimi_transformer import rope_tables
+
+
+def step_rope_tables_reference(start: Tensor, steps: int, freqs: Tensor) -> tuple[Tensor, Tensor]:
+    """The codec's torch ops: positions start + arange(steps), then rope_tables."""
+    positions = start[:, None] + torch.arange(steps, device=start.device)
+    return rope_tables(positions, freqs)
+
+
+@triton.jit  # type: ignore[untyped-decorator,unused-ignore]
+def _rope_kernel(  # type: ignore[no-untyped-def,unused-ignore]
+    start_ptr,
+    freqs_ptr,
+    cos_ptr,
+    sin_ptr,
+    steps,
+    half,
+    compiled: tl.constexpr,
+    block_t: tl.constexpr,
+    block_f: tl.constexpr,
+    pdl: tl.constexpr,
+):
+    slot = tl.program_id(0).to(tl.int64)
+    times = tl.arange(0, block_t)
+    bands = tl.arange(0, block_f)
+    freqs = tl.load(freqs_ptr + bands, mask=bands < half, other=0.0)  # fixed: before the wait
+    wait_for_inputs(pdl)
+    position = tl.load(start_ptr + slot) + times
+    angles = freqs[None, :] * position.to(tl.float32)[:, None]
+    if compiled:
+        cos = libdevice.cos(angles)
+        sin = libdevice.sin(angles)
+    else:
+        cos = tl.cos(angles)
+        sin = tl.sin(angles)
+    inside = (times < steps)[:, None] & (bands < half)[None, :]
+    at = slot * steps * half + times[:, None] * half + bands[None, :]
+    tl.store(cos_ptr + at, cos, mask=inside)
+    tl.store(sin_ptr + at, sin, mask=inside)
+
+
+def step_rope_tables(start: Tensor, steps: int, freqs: Tensor) -> tuple[Tensor, Tensor]:
+    """start: int64 [slots]; freqs: fp32 [head_dim / 2] contiguous -> (cos, sin), fp32
+    [slots, steps, head_dim / 2] contiguous (module docstring)."""
+    assert start.dim() == 1, tuple(start.shape)
+    assert start.dtype == torch.int64, start.dtype
+    assert start.is_contiguous(), start.stride()
+    assert freqs.dim() == 1, tuple(freqs.shape)
+    assert freqs.dtype == torch.float32, freqs.dtype
+    assert freqs.is_contiguous(), freqs.stride()
+    assert start.device == freqs.device, "tensors on one device"
+    assert steps >= 1, steps
+    slots, half = start.shape[0], freqs.shape[0]
+    cos = torch.empty(slots, steps, half, device=start.device)
+    sin = torch.empty_like(cos)
+    pdl = dependent(start, "mimi_rope")
+    _rope_kernel[(slots,)](
+        start,
+        freqs,
+        cos,
+        sin,
+        steps,
+        half,
+        compiled=start.is_cuda,
+        block_t=triton.next_power_of_2(steps),
+        block_f=triton.next_power_of_2(half),
+        pdl=pdl,
+        launch_pdl=pdl,
+        num_warps=1,
+    )
+    return cos, sin
