@@ -29,11 +29,14 @@ kernels skipped at every slot count (`<stage>_skipping`, dependent_launch.ALL_UP
 against PDL everywhere (`_pdl_all`); `blas`, torch's default BLAS library choice
 (`_blas_default`) against cuBLASLt preferred (`_cublaslt`); `window`, Mimi's convolution
 windows in one launch (`_window`, kernels/seanet_window.py) against torch's ops
-(`_no_window`); `cudnn`, cuDNN's convolution algorithms timed and chosen per shape at the
-first call (`_cudnn_benchmark`, torch.backends.cudnn.benchmark) against its heuristics
-(`_cudnn_heuristics`, as served). Each knob is set back as served after its experiment.
-(An arm `prefetch`, for the ring attention kernels' L2 prefetch of commit ec42be0, went with
-it: bench/results/engine_stages_prefetch_ec42be0.json.)
+(`_no_window`); `glue`, Mimi's glue kernels (`_glue`, MimiCodec.use_glue_kernels: the
+transposed convolutions' overlap-add, the residual blocks' end and the transformers' RoPE
+tables, one launch each) against torch's ops (`_no_glue`, as served); `cudnn`, cuDNN's
+convolution algorithms timed and chosen per shape at the first call (`_cudnn_benchmark`,
+torch.backends.cudnn.benchmark) against its heuristics (`_cudnn_heuristics`, as served).
+Each knob is set back as served after its experiment. (An arm `prefetch`, for the ring
+attention kernels' L2 prefetch of commit ec42be0, went with it:
+bench/results/engine_stages_prefetch_ec42be0.json.)
 
 Reported per stage: median and p99 ms per replay (CUDA events, 50 replays after 5), and the
 number of kernels one eager run of the stage launches (torch profiler). The sum of the
@@ -104,6 +107,7 @@ def serve(mimi: MimiCodec) -> None:
     torch.backends.cudnn.benchmark = SERVED_CUDNN_BENCHMARK
     for module in convolutions(mimi):
         module.window_kernel = None
+    mimi.use_glue_kernels(False)
 
 
 def experiments(slots: int, mimi: MimiCodec, names: list[str]) -> list[Arms]:
@@ -125,6 +129,9 @@ def experiments(slots: int, mimi: MimiCodec, names: list[str]) -> list[Arms]:
 
         return apply
 
+    def glue(on: bool) -> Callable[[], None]:
+        return lambda: mimi.use_glue_kernels(on)
+
     def cudnn_benchmark(on: bool) -> Callable[[], None]:
         return lambda: setattr(torch.backends.cudnn, "benchmark", on)
 
@@ -132,6 +139,7 @@ def experiments(slots: int, mimi: MimiCodec, names: list[str]) -> list[Arms]:
         "skip": [("_skipping", all_up_to(0)), ("_pdl_all", all_up_to(slots))],
         "blas": [("_blas_default", blas("default")), ("_cublaslt", blas("cublaslt"))],
         "window": [("_window", window(True)), ("_no_window", window(False))],
+        "glue": [("_glue", glue(True)), ("_no_glue", glue(False))],
         "cudnn": [
             ("_cudnn_benchmark", cudnn_benchmark(True)),
             ("_cudnn_heuristics", cudnn_benchmark(False)),
@@ -236,7 +244,7 @@ def main() -> int:
         default="",
         help="block_n:block_k:warps[:programs_per_sm] or served, ...",
     )
-    parser.add_argument("--ab", default="", help="A/B experiments: skip,blas,window,cudnn")
+    parser.add_argument("--ab", default="", help="A/B experiments: skip,blas,window,glue,cudnn")
     args = parser.parse_args()
     tiles = [parse_tiles(spec) for spec in args.tiles.split(",") if spec]
     if args.pdl_skip is not None:

@@ -2,8 +2,8 @@
 # Everything the GPU machine checks and times for a submission, most important first, each step
 # bounded; two sections so that each stays under the device's 10-minute limit per command:
 #
-#   [REV=commit] bench/h200.sh OUT [capacity|step|sampling|linear|delays|verify|all]
-#       (default all but the last four; REV names verify's profiles, see there)
+#   [REV=commit] bench/h200.sh OUT [capacity|step|sampling|linear|delays|verify|glue|all]
+#       (default all but the last five; REV names verify's profiles, see there)
 #
 # capacity: real-clock capacity with every call aged to a full 2-minute context (`cadence
 #   bench engine --full-context`): 300 calls with fp8 KV rings, 152 with bf16, and 1 call
@@ -23,6 +23,8 @@
 #   tests compiled first;
 # delays: the token delay rings in two launches a step (kernels/token_delays.py), its test
 #   compiled, then the step back to back with and without it, alternated;
+# glue: Mimi's glue kernels (not served yet) compiled against the torch ops, then the codec's
+#   stages with and without them (bench/engine_stages.py --ab glue);
 # verify: the GPU tests alone (the engine's, the doorbell's, then every kernel test compiled,
 #   spread over 8 workers with pytest-xdist) and where the 1-call tick goes kernel by kernel
 #   (bench/tick_kernels.py) and in Mimi (bench/mimi_gpu.py's costliest kernels).
@@ -105,6 +107,16 @@ if [[ $section == verify ]]; then
         2>&1 | tail -1 | cut -c1-300
     timeout 90 python3 bench/mimi_gpu.py --slots 1 --no-sweep --json "$out/mimi_gpu_1_$rev.json" \
         2>&1 | tail -2 | cut -c1-300
+fi
+if [[ $section == glue ]]; then
+    # Mimi's glue kernels (MimiCodec.use_glue_kernels, not served yet): compiled against the
+    # torch ops and in the codec's CUDA-graph test, then each codec stage with and without
+    # them, twice in turn, at 1, 128 and 300 slots
+    timeout 240 python3 -m pytest -q -m "not interpreter" tests/kernels/test_mimi_glue.py \
+        tests/kernels/test_mimi_codec.py -p no:cacheprovider 2>&1 |
+        tee "$out/gpu_tests_glue.log" | tail -2
+    timeout 240 python3 bench/engine_stages.py --slots 1,128,300 --stages mimi_encode,mimi_decode \
+        --ab glue --json "$out/engine_stages_glue.json" 2>&1 | tail -2 | cut -c1-400
 fi
 if [[ $section == linear ]]; then
     timeout 120 python3 -m pytest -q -x -m "not interpreter" tests/kernels/test_fused_linear.py \
