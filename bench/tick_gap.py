@@ -1,15 +1,18 @@
 """How long a piece of the tick's host work takes against the time since it last ran, on
 this machine's CPU: the engine's reason to rehearse its host work just before it runs.
 
-    python3 bench/tick_gap.py --json OUT.json [--rounds 40] [--piece convert|no_grad]
+    python3 bench/tick_gap.py --json OUT.json [--rounds 40] [--piece convert|no_grad|stage]
+        [--slots 1]
 
-The piece is the scatter's conversion of one call's frame (`convert`, engine/frames.py: clip
-a float32 [1, 1920] in place, then scale it into int16), or a call of a function decorated
+The piece is the scatter's conversion of the calls' frames (`convert`, engine/frames.py: clip
+a float32 [slots, 1920] in place, then scale it into int16), a call of a function decorated
 with torch.no_grad that does nothing else (`no_grad`: what the graph executor's `run` and the
-model's `prepare` entered on every tick until 039d4fb). Each round sleeps 70 ms (what a 1-call tick
-leaves of the 80 ms period), spins 0.5 ms, runs the piece once (the rehearsal), spins GAP
-us, and times the piece once more; medians and p90 in us per gap (GAPS), and the piece back
-to back (`hot`: the median of 2,000 runs in a row).
+model's `prepare` entered on every tick until 039d4fb), or the graph executor's copy of the
+uplink frames, float32 [slots, 1920], into its staging (`stage`: what its `run` did at every
+tick before the engine's gather wrote into the staging itself). Each round sleeps 70 ms
+(what a 1-call tick leaves of the 80 ms period), spins 0.5 ms, runs the piece once (the
+rehearsal), spins GAP us, and times the piece once more; medians and p90 in us per gap
+(GAPS), and the piece back to back (`hot`: the median of 2,000 runs in a row).
 """
 
 import argparse
@@ -29,10 +32,10 @@ IDLE_S = 0.07
 SAMPLES = 1920
 
 
-def convert() -> Callable[[], None]:
-    """np.clip in place + np.multiply into int16, float32 [1, 1920]."""
-    pcm = np.zeros((1, SAMPLES), np.float32)
-    i16 = np.zeros((1, SAMPLES), np.int16)
+def convert(slots: int) -> Callable[[], None]:
+    """np.clip in place + np.multiply into int16, float32 [slots, 1920]."""
+    pcm = np.zeros((slots, SAMPLES), np.float32)
+    i16 = np.zeros((slots, SAMPLES), np.int16)
 
     def run() -> None:
         np.clip(pcm, -1.0, 32767.0 / 32768.0, out=pcm)
@@ -41,8 +44,20 @@ def convert() -> Callable[[], None]:
     return run
 
 
-def no_grad() -> Callable[[], None]:
-    """A call of a function that does nothing, decorated with torch.no_grad."""
+def stage(slots: int) -> Callable[[], None]:
+    """One float32 [slots, 1920] array assigned into another (random audio)."""
+    source = np.random.default_rng(0).standard_normal((slots, SAMPLES)).astype(np.float32)
+    staging = np.zeros_like(source)
+
+    def run() -> None:
+        staging[:] = source
+
+    return run
+
+
+def no_grad(slots: int) -> Callable[[], None]:
+    """A call of a function that does nothing, decorated with torch.no_grad (`slots`
+    unused)."""
     import torch
 
     @torch.no_grad()
@@ -52,7 +67,11 @@ def no_grad() -> Callable[[], None]:
     return run
 
 
-PIECES: dict[str, Callable[[], Callable[[], None]]] = {"convert": convert, "no_grad": no_grad}
+PIECES: dict[str, Callable[[int], Callable[[], None]]] = {
+    "convert": convert,
+    "no_grad": no_grad,
+    "stage": stage,
+}
 
 
 def main() -> int:
@@ -60,8 +79,9 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=40)
     parser.add_argument("--json", type=Path)
     parser.add_argument("--piece", choices=sorted(PIECES), default="convert")
+    parser.add_argument("--slots", type=int, default=1, help="calls whose frames the piece takes")
     args = parser.parse_args()
-    work = PIECES[args.piece]()
+    work = PIECES[args.piece](args.slots)
 
     def piece() -> int:
         began = time.perf_counter_ns()
@@ -99,6 +119,7 @@ def main() -> int:
             "processor": platform.processor(),
         },
         "piece": args.piece,
+        "slots": args.slots,
         "rounds": args.rounds,
         "hot_us": hot,
         "rows": rows,

@@ -104,7 +104,7 @@ class Engine:
         self.stall_next_tick_s = 0.0  # test hook: sleep this long inside the next tick
         self.age_next_tick = False  # test hook: age every live call's context before the step
         self._call_ids = [""] * slots  # per slot, for exemplars; written by the control thread
-        self.uplink = UplinkGather(slots, samples)
+        self.uplink = UplinkGather(slots, samples, pcm=executor.input_pcm())
         self.downlink = DownlinkScatter(slots, samples)
         self.rehearsal_lead_ns = REHEARSAL_NS  # see REHEARSAL_NS
         self._rehearsals_ns: deque[int] = deque(maxlen=KEPT_REHEARSALS)  # what they took

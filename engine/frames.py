@@ -49,11 +49,24 @@ class Uplink:
 
 
 class UplinkGather:
-    def __init__(self, slots: int, samples: int, rehearsable: bool = True) -> None:
+    def __init__(
+        self,
+        slots: int,
+        samples: int,
+        rehearsable: bool = True,
+        pcm: NDArray[np.float32] | None = None,
+    ) -> None:
+        """`pcm`: where `take` writes the step's input (float32 [slots, samples]: the
+        executor's input_pcm, so that its step copies nothing more), else a buffer of its
+        own. The rehearsal's twin always has its own."""
         self.last = np.zeros(slots, np.uint64)  # frame number consumed per slot
         self.started = np.zeros(slots, np.bool_)  # a frame arrived for this call
         self.i16 = np.zeros((slots, samples), np.int16)
-        self.pcm = np.zeros((slots, samples), np.float32)  # the step's input
+        if pcm is None:
+            pcm = np.zeros((slots, samples), np.float32)
+        if pcm.shape != (slots, samples) or pcm.dtype != np.float32:
+            raise ValueError(f"pcm must be float32 {(slots, samples)}, got {pcm.dtype} {pcm.shape}")
+        self.pcm = pcm  # the step's input
         self._twin = UplinkGather(slots, samples, False) if rehearsable else None
 
     def reset(self, rows: NDArray[np.bool_]) -> None:

@@ -17,6 +17,11 @@ class Executor(Protocol):
     def kernels_per_tick(self) -> int | None:
         """Kernels one tick launches, where the executor knows (a captured graph's nodes)."""
 
+    def input_pcm(self) -> PcmBatch:
+        """A buffer for a step's uplink audio, float32 [slots, samples], that the caller may
+        fill in place and pass to `run`, which then copies none of it (the graph executor's
+        pinned staging); the same buffer at every call."""
+
     def run(
         self,
         pcm_in: PcmBatch,

@@ -5,6 +5,8 @@ It is the reference the graph and persistent executors are held to: same model, 
 
 from collections.abc import Callable
 
+import numpy as np
+
 from engine.models.base import Mask, Model, PcmBatch, StepOutput
 
 
@@ -14,6 +16,11 @@ class EagerExecutor:
 
     def __init__(self, model: Model) -> None:
         self.model = model
+        self._pcm_in = np.zeros((model.slots, model.frame.samples), np.float32)
+
+    def input_pcm(self) -> PcmBatch:
+        """A plain buffer: the model's step reads what it is given."""
+        return self._pcm_in
 
     def run(
         self,

@@ -19,6 +19,7 @@ from engine.control import ControlServer, ask
 from engine.engine import REHEARSAL_NS, Engine
 from engine.executors import Executor, build_executor
 from engine.executors.eager import EagerExecutor
+from engine.frames import UplinkGather
 from engine.main import run_engine
 from engine.metrics import EngineMetrics
 from engine.models import ModelOptions
@@ -212,6 +213,62 @@ def test_the_host_bookkeeping_of_a_tick_runs_once_in_its_step_or_after_it(
     assert executor.events == (["meanwhile", "step"] if runs else ["step"]) * 3
 
 
+class InputsSeen(EagerExecutor):
+    """An eager executor that records, per step, whether it was handed its own input buffer
+    and what that held."""
+
+    def __init__(self, model: Model) -> None:
+        super().__init__(model)
+        self.own_buffer: list[bool] = []
+        self.seen: list[PcmBatch] = []
+
+    def run(
+        self,
+        pcm_in: PcmBatch,
+        reset: Mask,
+        active: Mask,
+        meanwhile: Callable[[], None] | None = None,
+        ahead_of_outputs: Callable[[], None] | None = None,
+    ) -> StepOutput:
+        self.own_buffer.append(pcm_in is self.input_pcm())
+        self.seen.append(pcm_in.copy())
+        return super().run(pcm_in, reset, active, meanwhile, ahead_of_outputs)
+
+
+def test_the_gather_writes_the_step_input_into_the_executors_buffer(
+    rig: tuple[Engine, ControlServer, Path],
+) -> None:
+    """Engine.tick's gather takes the uplink frames straight into the executor's input_pcm
+    (the graph executor's pinned staging, which its run then copies no further), and a
+    rehearsal leaves it alone."""
+    ring, table = rig[0].ring, SlotTable(4)
+    executor = InputsSeen(EchoModel(4))
+    engine = Engine(executor, ring, table, EngineMetrics(), PERIOD_NS)
+    engine.clock = TickClock(time.monotonic_ns(), PERIOD_NS)
+    assert engine.uplink.pcm is executor.input_pcm()
+    admission = table.open("x", 0)
+    engine.opened("x", admission)
+    writer = UplinkWriter(ring, admission.slot, admission.generation)
+    frame = (np.arange(N) % 100 - 50).astype(np.int16)
+    assert writer.write(frame)
+    engine.tick(0)
+    assert writer.write(frame * 2)
+    engine.rehearse()  # reads the new frame into its twin only
+    np.testing.assert_array_equal(executor.input_pcm()[admission.slot], frame / 32768.0)
+    engine.tick(1)
+    assert executor.own_buffer == [True, True]
+    np.testing.assert_array_equal(executor.seen[0][admission.slot], frame / 32768.0)
+    np.testing.assert_array_equal(executor.seen[1][admission.slot], frame * 2 / 32768.0)
+    assert not np.delete(executor.seen[1], admission.slot, axis=0).any(), "other rows silent"
+
+
+def test_an_uplink_buffer_of_the_wrong_shape_is_refused() -> None:
+    with pytest.raises(ValueError, match="float32"):
+        UplinkGather(2, N, pcm=np.zeros((2, N), np.float64))
+    with pytest.raises(ValueError, match=r"\(2, 1920\)"):
+        UplinkGather(2, N, pcm=np.zeros((3, N), np.float32))
+
+
 def test_the_rehearsal_ahead_of_a_steps_outputs_publishes_nothing(
     rig: tuple[Engine, ControlServer, Path],
 ) -> None:
@@ -401,6 +458,9 @@ class StopsDuringWarmUp:
         if self.steps == self.at:
             self.stop.set()
         return self.inner.run(pcm_in, reset, active, meanwhile, ahead_of_outputs)
+
+    def input_pcm(self) -> PcmBatch:
+        return self.inner.input_pcm()
 
     def rehearse(self, pcm_in: PcmBatch, reset: Mask, active: Mask) -> None:
         self.inner.rehearse(pcm_in, reset, active)
