@@ -224,12 +224,16 @@ def test_stacks_with_the_residual_kernel_match_over_frames(
 def test_step_rope_tables_are_the_torch_ops(steps: int) -> None:
     """Positions from a new call's 0 to an hour in (90,000 frames at 25 Hz): compiled, the
     same bits as torch's (CUDA's cosf and sinf either way); interpreted, numpy's functions
-    against torch's CPU ones, within a few ulp."""
-    start = torch.tensor([0, 7, 1000, 90_000], device=DEVICE)
+    against torch's CPU ones, within a few ulp. The positions move on by the step, and the
+    ones before it come back for the layers."""
+    positions = torch.tensor([0, 7, 1000, 90_000], device=DEVICE)
+    before = positions.clone()
     half = torch.arange(32, device=DEVICE, dtype=torch.float32)
     freqs = torch.exp(half * (-9.21 / 32))  # 10,000 ** (-2j / 64), as Mimi's
-    got = step_rope_tables(start, steps, freqs)
-    want = step_rope_tables_reference(start, steps, freqs)
+    *got, start = step_rope_tables(positions, steps, freqs)
+    assert torch.equal(start, before)
+    assert torch.equal(positions, before + steps)
+    *want, _ = step_rope_tables_reference(before.clone(), steps, freqs)
     for g, w in zip(got, want, strict=True):
         assert g.shape == (4, steps, 32)
         assert g.is_contiguous()

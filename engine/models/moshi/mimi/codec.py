@@ -129,8 +129,8 @@ class MimiCodec(nn.Module):
         """The launches around the convolutions and transformers that torch's ops take
         several for, each as one Triton launch, or not: a transposed convolution's
         overlap-add (kernels/seanet_overlap.py), a residual block's ELU + 1x1 convolution +
-        skip (kernels/seanet_residual.py) and a transformer step's RoPE tables
-        (kernels/mimi_rope.py); channels-last codecs only. Off by default: not yet timed on
+        skip (kernels/seanet_residual.py) and a transformer step's RoPE tables with its
+        positions moved on (kernels/mimi_rope.py); channels-last codecs only. Off by default: not yet timed on
         the GPU (bench/engine_stages.py --ab glue). Set it before a graph is captured."""
         for module in self.modules():
             if isinstance(module, StreamingConvTranspose1d):

@@ -173,9 +173,12 @@ class MimiTransformer(Streaming):
         if self.rope_kernel:
             from kernels.mimi_rope import step_rope_tables
 
-            rope = step_rope_tables(self.positions, steps, self.freqs)
+            # the positions move on inside that launch; the layers read `start`
+            cos, sin, start = step_rope_tables(self.positions, steps, self.freqs)
+            rope = (cos, sin)
         else:
-            positions = self.positions[:, None] + torch.arange(steps, device=x.device)
+            start = self.positions
+            positions = start[:, None] + torch.arange(steps, device=x.device)
             rope = rope_tables(positions, self.freqs)
         h = x.transpose(1, 2).contiguous()  # [slots, T, dim]
         layers: list[MimiLayer] = list(self.layers)  # type: ignore[arg-type]
@@ -188,7 +191,7 @@ class MimiTransformer(Streaming):
                 h,
                 normed,
                 rope,
-                self.positions,
+                start,
                 self.keys[index],
                 self.values[index],
                 self.context,
@@ -202,5 +205,6 @@ class MimiTransformer(Streaming):
                 )
             else:
                 h = torch.addcmul(h, scale, update)
-        self.positions.add_(steps)
+        if not self.rope_kernel:
+            self.positions.add_(steps)
         return h.transpose(1, 2)
