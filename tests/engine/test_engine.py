@@ -213,26 +213,18 @@ def test_the_host_bookkeeping_of_a_tick_runs_once_in_its_step_or_after_it(
     assert executor.events == (["meanwhile", "step"] if runs else ["step"]) * 3
 
 
-class InputsSeen(EagerExecutor):
-    """An eager executor that records, per step, whether it was handed its own input buffer
-    and what that held."""
+class InputsSeen(EchoModel):
+    """The echo model, recording each step's input buffer and what it held."""
 
-    def __init__(self, model: Model) -> None:
-        super().__init__(model)
-        self.own_buffer: list[bool] = []
+    def __init__(self, slots: int) -> None:
+        super().__init__(slots)
+        self.buffers: list[PcmBatch] = []
         self.seen: list[PcmBatch] = []
 
-    def run(
-        self,
-        pcm_in: PcmBatch,
-        reset: Mask,
-        active: Mask,
-        meanwhile: Callable[[], None] | None = None,
-        ahead_of_outputs: Callable[[], None] | None = None,
-    ) -> StepOutput:
-        self.own_buffer.append(pcm_in is self.input_pcm())
+    def step(self, pcm_in: PcmBatch, reset: Mask, active: Mask) -> StepOutput:
+        self.buffers.append(pcm_in)
         self.seen.append(pcm_in.copy())
-        return super().run(pcm_in, reset, active, meanwhile, ahead_of_outputs)
+        return super().step(pcm_in, reset, active)
 
 
 def test_the_gather_writes_the_step_input_into_the_executors_buffer(
@@ -242,7 +234,8 @@ def test_the_gather_writes_the_step_input_into_the_executors_buffer(
     (the graph executor's pinned staging, which its run then copies no further), and a
     rehearsal leaves it alone."""
     ring, table = rig[0].ring, SlotTable(4)
-    executor = InputsSeen(EchoModel(4))
+    model = InputsSeen(4)
+    executor = build_executor("eager", model)
     engine = Engine(executor, ring, table, EngineMetrics(), PERIOD_NS)
     engine.clock = TickClock(time.monotonic_ns(), PERIOD_NS)
     assert engine.uplink.pcm is executor.input_pcm()
@@ -256,10 +249,10 @@ def test_the_gather_writes_the_step_input_into_the_executors_buffer(
     engine.rehearse()  # reads the new frame into its twin only
     np.testing.assert_array_equal(executor.input_pcm()[admission.slot], frame / 32768.0)
     engine.tick(1)
-    assert executor.own_buffer == [True, True]
-    np.testing.assert_array_equal(executor.seen[0][admission.slot], frame / 32768.0)
-    np.testing.assert_array_equal(executor.seen[1][admission.slot], frame * 2 / 32768.0)
-    assert not np.delete(executor.seen[1], admission.slot, axis=0).any(), "other rows silent"
+    assert [buffer is executor.input_pcm() for buffer in model.buffers] == [True, True]
+    np.testing.assert_array_equal(model.seen[0][admission.slot], frame / 32768.0)
+    np.testing.assert_array_equal(model.seen[1][admission.slot], frame * 2 / 32768.0)
+    assert not np.delete(model.seen[1], admission.slot, axis=0).any(), "other rows silent"
 
 
 def test_an_uplink_buffer_of_the_wrong_shape_is_refused() -> None:
