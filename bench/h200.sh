@@ -24,7 +24,8 @@
 # delays: the token delay rings in two launches a step (kernels/token_delays.py), its test
 #   compiled, then the step back to back with and without it, alternated;
 # glue: Mimi's glue kernels (not served yet) compiled against the torch ops, then the codec's
-#   stages with and without them (bench/engine_stages.py --ab glue);
+#   stages with and without them (bench/engine_stages.py --ab glue) and the 1-call tick on
+#   the clock with and without `--mimi-glue-kernels`, alternated;
 # verify: the GPU tests alone (the engine's, the doorbell's, then every kernel test compiled,
 #   spread over 8 workers with pytest-xdist) and where the 1-call tick goes kernel by kernel
 #   (bench/tick_kernels.py) and in Mimi (bench/mimi_gpu.py's costliest kernels).
@@ -117,6 +118,14 @@ if [[ $section == glue ]]; then
         tee "$out/gpu_tests_glue.log" | tail -2
     timeout 240 python3 bench/engine_stages.py --slots 1,128,300 --stages mimi_encode,mimi_decode \
         --ab glue --json "$out/engine_stages_glue.json" 2>&1 | tail -2 | cut -c1-400
+    # the whole 1-call tick on the 80 ms clock with and without them, twice in turn
+    for round in 1 2; do
+        for run in "glue:--mimi-glue-kernels" "served:"; do
+            # shellcheck disable=SC2086 # the flag after the colon is a list
+            timeout 90 "${engine[@]}" --kv-dtype bf16 --slots 1 --seconds 15 ${run#*:} \
+                --json "$out/bench_engine_bf16_1_${run%%:*}_$round.json" 2>&1 | tail -1
+        done
+    done
 fi
 if [[ $section == linear ]]; then
     timeout 120 python3 -m pytest -q -x -m "not interpreter" tests/kernels/test_fused_linear.py \

@@ -82,6 +82,13 @@ def _engine_options(p: argparse.ArgumentParser) -> None:
         help="launch the Triton kernels without programmatic dependent launch (on by default "
         "on Hopper and newer GPUs: a kernel starts while the one before finishes)",
     )
+    m.add_argument(
+        "--mimi-glue-kernels",
+        action="store_true",
+        help="Mimi's glue kernels on (CUDA): a transposed convolution's overlap-add, a "
+        "residual block's end and a transformer step's RoPE tables, one Triton launch each; "
+        "off by default until timed on a GPU (docs/gpu-log.md)",
+    )
     m.add_argument("--voice-prompt", type=Path, help="PersonaPlex: WAV of the voice to speak with")
     m.add_argument("--text-prompt", help="PersonaPlex: the role text (needs the tokenizer)")
 
@@ -204,6 +211,7 @@ def _engine_argv(a: argparse.Namespace) -> list[str]:
         *(["--greedy"] if a.greedy else []),
         f"--kv-dtype={a.kv_dtype}",
         *([] if a.dependent_launch else ["--no-dependent-launch"]),
+        *(["--mimi-glue-kernels"] if a.mimi_glue_kernels else []),
         *([f"--voice-prompt={a.voice_prompt}"] if a.voice_prompt else []),
         *([f"--text-prompt={a.text_prompt}"] if a.text_prompt else []),
     ]
@@ -378,6 +386,7 @@ def _engine_config(args: argparse.Namespace, control: Path, ring: str) -> "Engin
             greedy=args.greedy,
             kv_dtype=args.kv_dtype,
             dependent_launch=args.dependent_launch,
+            mimi_glue_kernels=args.mimi_glue_kernels,
             voice_prompt=args.voice_prompt,
             text_prompt=args.text_prompt,
         ),

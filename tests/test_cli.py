@@ -7,6 +7,7 @@ import sys
 import pytest
 
 from cadence.cli import _engine_argv, _gateway_argv, _gateway_config, build_parser
+from engine.models import ModelOptions
 
 
 def _engine_args_of(serve_argv: list[str]) -> list[str]:
@@ -23,6 +24,22 @@ def test_dependent_launch_is_on_unless_turned_off() -> None:
     assert engine.dependent_launch is False
     default = build_parser().parse_args(["engine", "--control=/tmp/c.sock", "--ring=r"])
     assert default.dependent_launch is True
+
+
+def test_mimi_glue_kernels_are_off_unless_asked_and_only_on_cuda() -> None:
+    assert "--mimi-glue-kernels" not in _engine_args_of([])
+    asked = ["--model=moshi", "--random-weights", "--device=cuda", "--mimi-glue-kernels"]
+    engine_argv = _engine_args_of(asked)
+    assert "--mimi-glue-kernels" in engine_argv
+    engine = build_parser().parse_args(
+        ["engine", "--control=/tmp/c.sock", "--ring=r", *engine_argv]
+    )
+    assert engine.mimi_glue_kernels is True
+    options = ModelOptions(random_weights=0, device="cuda", mimi_glue_kernels=True)
+    options.check("moshi")
+    for model, device in (("moshi", "cpu"), ("echo", "cuda")):
+        with pytest.raises(ValueError, match="--mimi-glue-kernels is for"):
+            ModelOptions(random_weights=0, device=device, mimi_glue_kernels=True).check(model)
 
 
 @pytest.mark.parametrize(

@@ -28,6 +28,8 @@ class ModelOptions:
     kv_dtype: str = "bf16"  # temporal KV rings: bf16 (the model's dtype) | fp8 (e4m3 + scales)
     # Triton kernels with programmatic dependent launch on Hopper+ (kernels/dependent_launch.py)
     dependent_launch: bool = True
+    # Mimi's glue kernels (MimiCodec.use_glue_kernels), CUDA only; off until timed on a GPU
+    mimi_glue_kernels: bool = False
 
     def check(self, model: str) -> None:
         if model == "moshi" and (self.checkpoint is None) == (self.random_weights is None):
@@ -42,6 +44,8 @@ class ModelOptions:
             raise ValueError(f"--kv-dtype {self.kv_dtype} is for --model moshi (it has KV rings)")
         if not DEVICE.fullmatch(self.device):
             raise ValueError(f"unknown device {self.device!r}; choose cpu, cuda or cuda:N")
+        if self.mimi_glue_kernels and (model != "moshi" or not self.device.startswith("cuda")):
+            raise ValueError("--mimi-glue-kernels is for --model moshi on --device cuda")
         if self.cpu_threads < 1:
             raise ValueError(f"--cpu-threads must be at least 1, got {self.cpu_threads}")
 
@@ -93,6 +97,8 @@ def build_model(name: str, slots: int, options: ModelOptions | None = None) -> M
             sampling_seed=options.seed,
             kv_dtype=torch.float8_e4m3fn if options.kv_dtype == "fp8" else None,
         )
+        # set before the executor captures its graph
+        model.mimi.use_glue_kernels(options.mimi_glue_kernels)
         if options.voice_prompt is not None or options.text_prompt is not None:
             from engine.infer import read_wav, resample
 

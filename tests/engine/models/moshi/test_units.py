@@ -68,3 +68,20 @@ def test_personaplex_prompt_frames_layout() -> None:
     assert torch.equal(frames[:2, 1:9], voice)
     assert all(row[1:9].tolist() == list(SILENCE_CODES) for row in frames[2:])
     assert all(row[9:].tolist() == list(SINE_CODES) for row in frames)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("on", [False, True])
+def test_the_engine_option_switches_mimi_glue_kernels(on: bool) -> None:
+    """--mimi-glue-kernels reaches the codec (ModelOptions -> build_model), off by default."""
+    from engine.models import ModelOptions, build_model
+    from engine.models.moshi.mimi.transformer import MimiTransformer
+    from engine.models.moshi.model import MoshiModel
+
+    options = ModelOptions(config="tiny", random_weights=0, device="cuda", mimi_glue_kernels=on)
+    model = build_model("moshi", 1, options)
+    assert isinstance(model, MoshiModel)
+    transformers = [m for m in model.mimi.modules() if isinstance(m, MimiTransformer)]
+    assert transformers
+    assert all(t.rope_kernel is on for t in transformers)
