@@ -80,17 +80,15 @@ def time_major_4d(x: Tensor) -> Tensor:
 
 class StatePool:
     """The states of a codec direction's convolutions as views of one fp32 [slots, size]
-    buffer, so that resetting them is one masked fill, not one launch per convolution (15 per
-    direction in Moshi's Mimi); the other streaming parts (transformers, the replicating
-    convolution with its first-frame flag) reset themselves. Built once the modules are on
-    their device: moving a module afterwards would give its state a buffer of its own again."""
+    buffer, so that resetting them is one masked fill, not one launch per convolution (16 in
+    Moshi's Mimi encoder, the replicating downsample's tail among them); the replicating
+    convolution's first-frame flag and the other streaming parts (transformers) reset
+    themselves. Built once the modules are on their device: moving a module afterwards would
+    give its state a buffer of its own again."""
 
     def __init__(self, parts: tuple[Streaming, ...], slots: int, device: torch.device) -> None:
         convolutions = [
-            part
-            for part in parts
-            if isinstance(part, StreamingConv1d | StreamingConvTranspose1d)
-            and not (isinstance(part, StreamingConv1d) and part.replicate)
+            part for part in parts if isinstance(part, StreamingConv1d | StreamingConvTranspose1d)
         ]
         sizes = [
             (part.previous if isinstance(part, StreamingConv1d) else part.partial)[0].numel()
@@ -102,10 +100,15 @@ class StatePool:
             part.adopt_state(self.buffer[:, offset : offset + size])
             offset += size
         self.others = tuple(part for part in parts if part not in convolutions)
+        self.flagged = tuple(
+            part for part in convolutions if isinstance(part, StreamingConv1d) and part.replicate
+        )
 
     def reset(self, mask: Tensor) -> None:
         """mask: bool [slots]; those slots' states start over."""
         self.buffer.masked_fill_(mask[:, None], 0.0)
+        for flagged in self.flagged:
+            flagged.reset_first(mask)
         for part in self.others:
             part.reset(mask)
 
@@ -169,7 +172,12 @@ class StreamingConv1d(Streaming):
     def reset(self, mask: Tensor) -> None:
         self.previous.masked_fill_(mask[:, None, None], 0.0)
         if self.replicate:
-            self.first.masked_fill_(mask[:, None, None], True)
+            self.reset_first(mask)
+
+    def reset_first(self, mask: Tensor) -> None:
+        """The replicating convolution's first-frame flag set again for the masked slots
+        (the rest of `reset`, for a convolution whose tail a StatePool keeps)."""
+        self.first.masked_fill_(mask[:, None, None], True)
 
     def adopt_state(self, pooled: Tensor) -> None:
         """Keep `previous` in pooled ([slots, its size], see StatePool), same layout."""
@@ -189,7 +197,7 @@ class StreamingConv1d(Streaming):
             return self._convolve(functional.elu(x) if activate else x)
         if self.replicate:
             start = x[..., :1].expand_as(self.previous)
-            self.previous.copy_(torch.where(self.first, start, self.previous))
+            torch.where(self.first, start, self.previous, out=self.previous)  # one launch
             self.first.fill_(False)
         kernel = x.is_cuda if self.window_kernel is None else self.window_kernel
         if kernel and self.channels_last and history <= x.shape[2]:

@@ -99,9 +99,9 @@ def test_channels_last_codec_keeps_every_convolution_time_major() -> None:
 
 @pytest.mark.parametrize("channels_last", [False, True], ids=["time-last", "channels-last"])
 def test_reset_clears_one_slots_pooled_convolution_states(channels_last: bool) -> None:
-    """The convolution states live in one pool per direction (seanet.StatePool; the
-    replicating downsample keeps its own): a reset of slot 0 zeroes every one of its states
-    and leaves slot 1's as they were."""
+    """The convolution states live in one pool per direction (seanet.StatePool, the
+    replicating downsample's tail too): a reset of slot 0 zeroes every one of its states,
+    sets its first-frame flag again, and leaves slot 1's as they were."""
     codec = MimiCodec(tiny().mimi, 2, torch.device("cpu"), channels_last=channels_last)
     randomize(codec, 5)  # codebooks of zeros would leave the decoder's states zero
     with torch.no_grad():
@@ -112,16 +112,18 @@ def test_reset_clears_one_slots_pooled_convolution_states(channels_last: bool) -
             if isinstance(module, StreamingConv1d | StreamingConvTranspose1d)
         ]
         states = [state for state in states if state.numel() > 0]
-        # all but the replicating downsample's state share one buffer per direction
+        # one buffer per direction
         buffers = {state.untyped_storage().data_ptr() for state in states}
-        assert len(buffers) == 3, len(buffers)
+        assert len(buffers) == 2, len(buffers)
         before = [state.clone() for state in states]
         assert all(bool(state[1].any()) for state in before)
+        assert not codec.downsample.first.any(), "the first frame went by"
         codec.reset_encoder(torch.tensor([True, False]))
         codec.reset_decoder(torch.tensor([True, False]))
     for state, old in zip(states, before, strict=True):
         assert not bool(state[0].any())
         assert torch.equal(state[1], old[1])
+    assert codec.downsample.first.flatten().tolist() == [True, False]
 
 
 def test_transposed_convolution_weights_keep_their_gemm_layout_through_a_load() -> None:
