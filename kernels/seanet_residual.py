@@ -12,6 +12,8 @@ every row a (slot, frame):
     x:       [slots, T, dim]      the block's input
     weight:  [dim, hidden]        the 1x1 convolution's, bias: [dim]
     out[s, t, n] = x[s, t, n] + (sum_k elu(h[s, t, k]) * weight[n, k] + bias[n])
+    and, where the decoder's ELU follows the block (before a transposed convolution), that
+    ELU of out too (SeanetStack hands it over): one launch more saved
 
 rounded as the torch ops round (the convolution's output with its bias, then the add), the
 products and sums in fp32 on the CUDA cores (`tl.dot`'s "ieee" precision), where cuDNN's
@@ -38,11 +40,15 @@ BLOCK_N = 32  # output channels a program
 BLOCK_K = 32  # hidden channels an iteration
 
 
-def residual_conv_reference(x: Tensor, h: Tensor, weight: Tensor, bias: Tensor) -> Tensor:
+def residual_conv_reference(
+    x: Tensor, h: Tensor, weight: Tensor, bias: Tensor, activate_output: bool = False
+) -> Tensor:
     """x [slots, T, dim], h [slots, T, hidden], weight [dim, hidden], bias [dim] -> out
-    [slots, T, dim] in torch ops (the codec's: ELU, the 1x1 convolution, the add)."""
+    [slots, T, dim] in torch ops (the codec's: ELU, the 1x1 convolution, the add; the ELU
+    after it if `activate_output`)."""
     update = torch.nn.functional.linear(torch.nn.functional.elu(h), weight, bias)
-    return x + update
+    out = x + update
+    return torch.nn.functional.elu(out) if activate_output else out
 
 
 @triton.jit  # type: ignore[untyped-decorator,unused-ignore]
@@ -58,6 +64,7 @@ def _residual_kernel(  # type: ignore[no-untyped-def,unused-ignore]
     stride_x,
     stride_h,
     compiled: tl.constexpr,
+    activate_output: tl.constexpr,
     block_m: tl.constexpr,
     block_n: tl.constexpr,
     block_k: tl.constexpr,
@@ -83,14 +90,17 @@ def _residual_kernel(  # type: ignore[no-untyped-def,unused-ignore]
     inside = rows_in[:, None] & cols_in[None, :]
     at = rows[:, None] * dim + cols[None, :]
     x = tl.load(x_ptr + slot * stride_x + at, mask=inside, other=0.0)
-    out = x + (acc + bias[None, :])
+    out = activated(x + (acc + bias[None, :]), activate_output, compiled)
     tl.store(out_ptr + slot * frames * dim + at, out, mask=inside)
 
 
-def residual_conv(x: Tensor, h: Tensor, weight: Tensor, bias: Tensor) -> Tensor:
+def residual_conv(
+    x: Tensor, h: Tensor, weight: Tensor, bias: Tensor, activate_output: bool = False
+) -> Tensor:
     """x: fp32 [slots, T, dim], h: fp32 [slots, T, hidden], both rows of unit-stride channels
     (a slot's rows may sit farther apart); weight: fp32 [dim, hidden] contiguous; bias: fp32
-    [dim] -> out fp32 [slots, T, dim] contiguous (module docstring)."""
+    [dim] -> out fp32 [slots, T, dim] contiguous (module docstring), through an ELU if
+    `activate_output` (the decoder's ELU after a block, before a transposed convolution)."""
     slots, frames, dim = x.shape
     hidden = h.shape[2]
     assert h.shape[:2] == (slots, frames), (tuple(h.shape), tuple(x.shape))
@@ -118,6 +128,7 @@ def residual_conv(x: Tensor, h: Tensor, weight: Tensor, bias: Tensor) -> Tensor:
         x.stride(0),
         h.stride(0),
         compiled=x.is_cuda,
+        activate_output=activate_output,
         block_m=block_m,
         block_n=BLOCK_N,
         block_k=BLOCK_K,

@@ -180,15 +180,33 @@ def test_residual_conv_takes_strided_slots_and_refuses_time_last() -> None:
         residual_conv(x, h, _randn(8, 16, seed=38).t(), bias)
 
 
+@pytest.mark.parametrize("activate", [False, True], ids=["plain", "elu-after"])
+def test_residual_conv_runs_the_elu_after_the_block(activate: bool) -> None:
+    x, h = _randn(1, 40, 16, seed=50), _randn(1, 40, 8, seed=51)
+    weight, bias = _randn(16, 8, seed=52), _randn(16, seed=53)
+    got = residual_conv(x, h, weight, bias, activate)
+    want = residual_conv_reference(x, h, weight, bias, activate)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    assert bool((got < 0).any())
+    assert bool((got >= -1).all()) is activate, "an ELU's output stays above -1"
+
+
 @pytest.mark.parametrize(
-    ("make", "channels", "length"),
-    [(seanet_encoder, 1, 2 * 1920), (seanet_decoder, None, 4)],
+    ("make", "channels", "length", "elu_after"),
+    # the decoder's blocks before a transposed convolution take the ELU after them (the
+    # last block is followed by the final convolution, whose window runs its ELU)
+    [(seanet_encoder, 1, 2 * 1920, False), (seanet_decoder, None, 4, True)],
     ids=["encoder", "decoder"],
 )
 def test_stacks_with_the_residual_kernel_match_over_frames(
-    make: object, channels: int | None, length: int, monkeypatch: pytest.MonkeyPatch
+    make: object,
+    channels: int | None,
+    length: int,
+    elu_after: bool,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """Three frames; every residual block takes the kernel, the plain stack none."""
+    """Three frames; every residual block takes the kernel, the plain stack none, and in the
+    decoder every block but the last runs the ELU after it inside that launch."""
     assert callable(make)
     pair = []
     for kernel in (True, False):
@@ -200,12 +218,15 @@ def test_stacks_with_the_residual_kernel_match_over_frames(
         pair.append(stack.eval())
     fused, plain = pair
     blocks = sum(1 for m in fused.modules() if isinstance(m, ResnetBlock))
-    assert blocks > 0
-    launches: list[int] = []
+    assert blocks > 1
+    activated = blocks - 1 if elu_after else 0
+    launches: list[bool] = []
 
-    def counted(*args: torch.Tensor) -> torch.Tensor:
-        launches.append(1)
-        return residual_conv(*args)
+    def counted(
+        x: torch.Tensor, h: torch.Tensor, w: torch.Tensor, b: torch.Tensor, activate: bool = False
+    ) -> torch.Tensor:
+        launches.append(activate)
+        return residual_conv(x, h, w, b, activate)
 
     monkeypatch.setattr(kernels.seanet_residual, "residual_conv", counted)
     width = channels if channels is not None else tiny().mimi.seanet_dim
@@ -215,6 +236,7 @@ def test_stacks_with_the_residual_kernel_match_over_frames(
             before = len(launches)
             got = fused(x)
             assert len(launches) - before == blocks
+            assert sum(launches[before:]) == activated
             want = plain(x)
             assert len(launches) - before == blocks, "the plain stack takes torch's ops"
             torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)

@@ -363,10 +363,18 @@ class ResnetBlock(nn.Module):
         # module's docstring). Read at every call: set it before a graph is captured
         self.residual_kernel = False
 
-    def forward(self, x: Tensor) -> Tensor:
+    @property
+    def fused_end(self) -> bool:
+        """Whether the block ends in kernels/seanet_residual.py's one launch, which can also
+        run an ELU after the skip (`forward`'s activate_output)."""
+        return self.residual_kernel and self.channels_last
+
+    def forward(self, x: Tensor, activate_output: bool = False) -> Tensor:
+        """`activate_output`: the ELU after the block applied here (SeanetStack hands the
+        block an ELU that follows it, where the block ends in its fused launch)."""
         # block[0], the first ELU, runs inside the first convolution's window
         inner: Tensor = self.block[1](x, activate=True)
-        if self.residual_kernel and self.channels_last:
+        if self.fused_end:
             # imported here: triton is absent from CPU-only installs, which never take this path
             from kernels.seanet_residual import residual_conv
 
@@ -375,11 +383,15 @@ class ResnetBlock(nn.Module):
             conv = pointwise.conv
             assert conv.bias is not None
             out = residual_conv(
-                x.transpose(1, 2), inner.transpose(1, 2), conv.weight[:, :, 0], conv.bias
+                x.transpose(1, 2),
+                inner.transpose(1, 2),
+                conv.weight[:, :, 0],
+                conv.bias,
+                activate_output,
             )
             return out.transpose(1, 2)
         update: Tensor = self.block[3](self.block[2](inner))
-        return x + update
+        return functional.elu(x + update) if activate_output else x + update
 
 
 class SeanetStack(nn.Module):
@@ -397,11 +409,26 @@ class SeanetStack(nn.Module):
                 self._steps[-1] = (layer, True)
             else:
                 self._steps.append((layer, False))
+        # steps that are a residual block with a bare ELU step after it (the decoder's, before
+        # each transposed convolution): with the block's fused end the ELU runs in its launch
+        self._elu_after = {
+            index
+            for index, (layer, _) in enumerate(self._steps[:-1])
+            if isinstance(layer, ResnetBlock) and isinstance(self._steps[index + 1][0], nn.ELU)
+        }
 
     def forward(self, x: Tensor) -> Tensor:
-        """The layers in order; an ELU right before a convolution runs inside it."""
-        for layer, activate in self._steps:
+        """The layers in order; an ELU right before a convolution runs inside it, one right
+        after a residual block with a fused end inside that."""
+        index = 0
+        while index < len(self._steps):
+            layer, activate = self._steps[index]
+            if index in self._elu_after and isinstance(layer, ResnetBlock) and layer.fused_end:
+                x = layer(x, activate_output=True)
+                index += 2  # the ELU step ran inside the block
+                continue
             x = layer(x, activate=True) if activate else layer(x)
+            index += 1
         return x
 
 
