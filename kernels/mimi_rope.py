@@ -14,7 +14,10 @@ few hundred bytes at one call, per direction of the codec. Here, in one:
 
 the same arithmetic (the position rounded to fp32, one product, then CUDA's cosf and sinf
 through libdevice when compiled, which torch's CUDA kernels call too; numpy's in Triton's
-interpreter, within a few ulp of torch's CPU ones). One program per slot.
+interpreter, within a few ulp of torch's CPU ones). Triton links libdevice's flush-to-zero
+variants (fma.rn.ftz in the sm_90 build, bench/kernels_glue_sass.py), so the bits can
+differ from torch's only where a denormal arises, which angles of at least freqs[-1] * 1
+(~1e-4) and their sines and cosines do not reach. One program per slot.
 
 Not served: MimiTransformer.rope_kernel defaults off until it is timed on the GPU against
 the torch ops (`python3 bench/engine_stages.py --slots 1,128 --stages mimi_encode,mimi_decode
