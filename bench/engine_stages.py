@@ -31,7 +31,10 @@ against PDL everywhere (`_pdl_all`); `blas`, torch's default BLAS library choice
 windows in one launch (`_window`, kernels/seanet_window.py) against torch's ops
 (`_no_window`); `glue`, Mimi's glue kernels (`_glue`, MimiCodec.use_glue_kernels: the
 transposed convolutions' overlap-add, the residual blocks' end and the transformers' RoPE
-tables, one launch each) against torch's ops (`_no_glue`, as served); `cudnn`, cuDNN's
+tables, one launch each) against torch's ops (`_no_glue`, as served); `append`, the
+temporal attention's RoPE + ring append inside its launch (`_append`,
+RingAttention.append_in_attention, kernels/rope_attention.py) against the two launches
+(`_no_append`, as served); `cudnn`, cuDNN's
 convolution algorithms timed and chosen per shape at the first call (`_cudnn_benchmark`,
 torch.backends.cudnn.benchmark) against its heuristics (`_cudnn_heuristics`, as served).
 Each knob is set back as served after its experiment. (An arm `prefetch`, for the ring
@@ -60,6 +63,7 @@ import torch
 from gpu_timing import count_kernels, machine, replay_ms, summary  # bench/, this folder
 
 import kernels.fused_linear as fused_linear_module
+from engine.models.moshi.attention import RingAttention
 from engine.models.moshi.config import moshiko
 from engine.models.moshi.depformer import FEW_ROWS
 from engine.models.moshi.lm import MoshiLm
@@ -100,7 +104,11 @@ def convolutions(mimi: MimiCodec) -> list[StreamingConv1d]:
     return [module for module in mimi.modules() if isinstance(module, StreamingConv1d)]
 
 
-def serve(mimi: MimiCodec) -> None:
+def attentions(lm: MoshiLm) -> list[RingAttention]:
+    return [module for module in lm.transformer.modules() if isinstance(module, RingAttention)]
+
+
+def serve(mimi: MimiCodec, lm: MoshiLm) -> None:
     """Every experiment's knob as served."""
     dependent_launch.ALL_UP_TO = SERVED_ALL_UP_TO
     torch.backends.cuda.preferred_blas_library("default")
@@ -108,9 +116,11 @@ def serve(mimi: MimiCodec) -> None:
     for module in convolutions(mimi):
         module.window_kernel = None
     mimi.use_glue_kernels(False)
+    for attention in attentions(lm):
+        attention.append_in_attention = False
 
 
-def experiments(slots: int, mimi: MimiCodec, names: list[str]) -> list[Arms]:
+def experiments(slots: int, mimi: MimiCodec, lm: MoshiLm, names: list[str]) -> list[Arms]:
     """The A/B experiments asked for (`--ab`), each as its two arms (key suffix, setter)."""
 
     def all_up_to(rows: int) -> Callable[[], None]:
@@ -132,6 +142,13 @@ def experiments(slots: int, mimi: MimiCodec, names: list[str]) -> list[Arms]:
     def glue(on: bool) -> Callable[[], None]:
         return lambda: mimi.use_glue_kernels(on)
 
+    def append(on: bool) -> Callable[[], None]:
+        def apply() -> None:
+            for attention in attentions(lm):
+                attention.append_in_attention = on
+
+        return apply
+
     def cudnn_benchmark(on: bool) -> Callable[[], None]:
         return lambda: setattr(torch.backends.cudnn, "benchmark", on)
 
@@ -140,6 +157,7 @@ def experiments(slots: int, mimi: MimiCodec, names: list[str]) -> list[Arms]:
         "blas": [("_blas_default", blas("default")), ("_cublaslt", blas("cublaslt"))],
         "window": [("_window", window(True)), ("_no_window", window(False))],
         "glue": [("_glue", glue(True)), ("_no_glue", glue(False))],
+        "append": [("_append", append(True)), ("_no_append", append(False))],
         "cudnn": [
             ("_cudnn_benchmark", cudnn_benchmark(True)),
             ("_cudnn_heuristics", cudnn_benchmark(False)),
@@ -195,14 +213,14 @@ def stages(
                 row[name + suffix] = timed(stage)
                 log.info("%d slots %s %s", slots, name + suffix, row[name + suffix])
             # with PDL on only: off, the skip arms would be one setting twice
-            for arms in experiments(slots, mimi, ab) if enabled else []:
+            for arms in experiments(slots, mimi, lm, ab) if enabled else []:
                 for round_, (arm, apply) in enumerate(arms * 2):
                     apply()
                     key = suffix + arm + ("_again" if round_ >= 2 else "")
                     for name, stage in plan.items():
                         row[name + key] = timed(stage)
                         log.info("%d slots %s %s", slots, name + key, row[name + key])
-                serve(mimi)
+                serve(mimi, lm)
             if per_op and "depformer" in plan:
                 lm.depformer.few_rows = 0
                 row["depformer_per_op" + suffix] = timed(plan["depformer"])
@@ -244,7 +262,9 @@ def main() -> int:
         default="",
         help="block_n:block_k:warps[:programs_per_sm] or served, ...",
     )
-    parser.add_argument("--ab", default="", help="A/B experiments: skip,blas,window,glue,cudnn")
+    parser.add_argument(
+        "--ab", default="", help="A/B experiments: skip,blas,window,glue,append,cudnn"
+    )
     args = parser.parse_args()
     tiles = [parse_tiles(spec) for spec in args.tiles.split(",") if spec]
     if args.pdl_skip is not None:

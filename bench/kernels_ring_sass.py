@@ -1,7 +1,7 @@
 """The ring attention pass-1 programs' main loop in sm_90 machine code, built without a GPU.
 
-    PYTHONPATH=<the GPU's triton> python bench/kernels_ring_sass.py [--fp8] [--block 128]
-        [--warps 4] [--stages 2] [--head-dim 128] [--splits 16]
+    PYTHONPATH=<the GPU's triton> python bench/kernels_ring_sass.py [--fp8 | --rope]
+        [--block 128] [--warps 4] [--stages 2] [--head-dim 128] [--splits 16]
 
 Compiles kernels/ring_attention.py's pass 1 for an H100/H200 (Triton's own ptxas and
 cuobjdump, as a 7B launch specializes it: 16-byte aligned pointers and strides) and prints
@@ -30,6 +30,7 @@ from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
 import kernels.ring_attention as ring
+import kernels.rope_attention as rope_attention
 
 HOPPER = GPUTarget("cuda", 90, 32)
 POINTERS = ["q_ptr", "k_ptr", "v_ptr", "last_ptr", "out_ptr", "max_ptr", "sum_ptr", "acc_ptr"]
@@ -53,8 +54,21 @@ def signature(fp8: bool) -> dict[str, str]:
     return types
 
 
-def build(fp8: bool, block_n: int, warps: int, stages: int, head_dim: int, splits: int) -> bytes:
-    """The cubin of one pass-1 program."""
+def rope_signature() -> dict[str, str]:
+    """kernels/rope_attention.py's pass 1 (RoPE + append inside): its arguments at 7B."""
+    types = {"qkv_ptr": "*bf16", "freqs_ptr": "*fp32", "k_ptr": "*bf16", "v_ptr": "*bf16"}
+    types |= {"start_ptr": "*i64", "out_ptr": "*bf16"}
+    types |= {"max_ptr": "*fp32", "sum_ptr": "*fp32", "acc_ptr": "*fp32", "arrived_ptr": "*i32"}
+    types |= dict.fromkeys(["stride_batch", "stride_part", "stride_head"], "i32")
+    types |= dict.fromkeys(INTEGERS[2:], "i32")
+    types["qk_scale_log2"] = "fp32"
+    return types
+
+
+def build(
+    fp8: bool, block_n: int, warps: int, stages: int, head_dim: int, splits: int, rope: bool
+) -> bytes:
+    """The cubin of one pass-1 program (`rope`: kernels/rope_attention.py's)."""
     constants: dict[str, object] = {"head_dim": head_dim, "block_n": block_n}
     if fp8:
         constants["groups"] = min(block_n, warps * 32 * 16 // head_dim)
@@ -63,11 +77,16 @@ def build(fp8: bool, block_n: int, warps: int, stages: int, head_dim: int, split
     constants["empty"] = ring.EMPTY_MAX
     if not fp8:
         constants["precision"] = None
-    types = signature(fp8) | dict.fromkeys(constants, "constexpr")
+    if rope:
+        constants["compiled"] = True
+    types = (rope_signature() if rope else signature(fp8)) | dict.fromkeys(constants, "constexpr")
     names = list(types)
     aligned = [*POINTERS, "k_scale_ptr", "v_scale_ptr", "stride_q_slot", "stride_q_head"]
+    aligned += ["qkv_ptr", "freqs_ptr", "start_ptr", "stride_batch", "stride_part", "stride_head"]
     attrs = {(names.index(n),): [["tt.divisibility", 16]] for n in aligned if n in names}
     kernel = ring._ring_split_fp8_kernel if fp8 else ring._ring_split_kernel
+    if rope:
+        kernel = rope_attention._rope_split_kernel
     source = ASTSource(fn=kernel, signature=types, constexprs=constants, attrs=attrs)
     options = {"num_warps": warps, "num_stages": stages}
     compiled = triton.compile(source, target=HOPPER, options=options)
@@ -109,18 +128,23 @@ def main() -> int:
     parser.add_argument("--stages", type=int, default=None)
     parser.add_argument("--head-dim", type=int, default=128)
     parser.add_argument("--splits", type=int, default=1, help="splits per (slot, head) row")
+    parser.add_argument(
+        "--rope", action="store_true", help="kernels/rope_attention.py's pass 1 (bf16 rings)"
+    )
     args = parser.parse_args()
+    if args.rope and args.fp8:
+        parser.error("--rope is for rings in the model's dtype, not fp8")
     block = args.block or (ring.FP8_BLOCK_N if args.fp8 else ring.BLOCK_N)
     warps = args.warps or (ring.FP8_NUM_WARPS if args.fp8 else ring.NUM_WARPS)
     stages = args.stages or (ring.FP8_NUM_STAGES if args.fp8 else ring.NUM_STAGES)
     cubin = Path("/tmp/ring_pass1.cubin")
-    cubin.write_bytes(build(args.fp8, block, warps, stages, args.head_dim, args.splits))
+    cubin.write_bytes(build(args.fp8, block, warps, stages, args.head_dim, args.splits, args.rope))
     usage, sass = disassemble(cubin)
     loop = largest_loop(sass)
     opcodes = collections.Counter(
         re.sub(r"^@!?U?P\w+\s+", "", text).split()[0].split(".")[0] for text in loop
     )
-    name = "fp8" if args.fp8 else "bf16"
+    name = "fp8" if args.fp8 else "bf16 + RoPE and append" if args.rope else "bf16"
     shape = f"{block} x {warps} warps x {stages} stages, {args.splits} splits"
     print(f"triton {triton.__version__}, {name} pass 1: {shape}")
     print(" ".join(line.strip() for line in usage.splitlines() if "REG" in line))

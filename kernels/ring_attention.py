@@ -84,6 +84,7 @@ a CUDA graph. Scores use exp2 with log2(e) folded into the query scale.
 """
 
 import math
+from dataclasses import dataclass
 
 import torch
 import triton  # type: ignore[import-not-found,import-untyped,unused-ignore]
@@ -191,14 +192,49 @@ def _ring_split_kernel(  # type: ignore[no-untyped-def,unused-ignore]
     loads."""
     wait_for_inputs(pdl)
     row = tl.program_id(0)  # slot * heads + head
-    split = tl.program_id(1)
     slot = row // heads
     head = row % heads
-    ring = row.to(tl.int64) * capacity
     last = tl.load(last_ptr + slot)
+    q = tl.load(q_ptr + slot * stride_q_slot + head * stride_q_head + tl.arange(0, head_dim))
+    attend_split(
+        q, k_ptr, v_ptr, out_ptr, max_ptr, sum_ptr, acc_ptr, arrived_ptr, row, last, capacity,
+        context, split_frames, splits, qk_scale_log2, head_dim, block_n, splits_pow2, direct,
+        empty, precision,
+    )  # fmt: skip
+
+
+@triton.jit  # type: ignore[untyped-decorator,unused-ignore]
+def attend_split(  # type: ignore[no-untyped-def,unused-ignore]
+    q,
+    k_ptr,
+    v_ptr,
+    out_ptr,
+    max_ptr,
+    sum_ptr,
+    acc_ptr,
+    arrived_ptr,
+    row,
+    last,
+    capacity,
+    context,
+    split_frames,
+    splits,
+    qk_scale_log2,
+    head_dim: tl.constexpr,
+    block_n: tl.constexpr,
+    splits_pow2: tl.constexpr,
+    direct: tl.constexpr,
+    empty: tl.constexpr,
+    precision: tl.constexpr,
+):
+    """One program's split of row `row` (slot * heads + head) for the query q [head_dim] at
+    position `last`, in q's dtype rings: its online softmax over the split's entries, then
+    the output (one split) or its partial and, by the row's last split to arrive, the merge
+    (_ring_split_kernel's pass 1; kernels/rope_attention.py's too)."""
+    split = tl.program_id(1)
+    ring = row.to(tl.int64) * capacity
     dims = tl.arange(0, head_dim)
     lanes = tl.arange(0, 16)  # the repeated query rows; row 0 is stored
-    q = tl.load(q_ptr + slot * stride_q_slot + head * stride_q_head + dims)
     q_rows = tl.broadcast_to(q[None, :], (16, head_dim))
     final, oldest, lo, hi = _split_run(last, capacity, context, split, split_frames)
     run_max = tl.full((16,), empty, tl.float32)
@@ -398,6 +434,52 @@ def _merge_splits(  # type: ignore[no-untyped-def,unused-ignore]
     tl.store(out_ptr + row.to(tl.int64) * head_dim + dims, out.to(out_ptr.dtype.element_ty))
 
 
+@dataclass(frozen=True)
+class SplitWork:
+    """How a launch cuts its rows' rings into splits, and the buffers its pass 1 writes:
+    the partials (max, sum, acc) and arrival counts of a merge, and the output."""
+
+    splits: int
+    split_frames: int
+    buffers: tuple[Tensor, Tensor, Tensor, Tensor, Tensor]  # max, sum, acc, arrived, out
+    merge: dict[str, object]  # the kernels' splits_pow2 and direct
+    qk_scale_log2: float
+    precision: str | None  # the dot's: fp32 rings (tests, fp32 models) must not drop to tf32
+
+    @staticmethod
+    def of(
+        slots: int,
+        heads: int,
+        head_dim: int,
+        capacity: int,
+        device: torch.device,
+        dtype: torch.dtype,
+        block_n: int,
+        splits: int | None,
+    ) -> "SplitWork":
+        rows = slots * heads
+        if splits is None:
+            splits = default_splits(rows, capacity, device, block_n)
+        split_frames = block_n * math.ceil(capacity / (splits * block_n))
+        splits = math.ceil(capacity / split_frames)  # no split left empty by the rounding
+        direct = splits == 1  # pass 1 writes the output; else a row's last split merges it
+        partials = 1 if direct else rows * splits
+        part_max = torch.empty(partials, device=device, dtype=torch.float32)
+        part_sum = torch.empty(partials, device=device, dtype=torch.float32)
+        part_acc = torch.empty(partials, head_dim, device=device, dtype=torch.float32)
+        # one split counts nothing: part_max stands in
+        arrived = part_max if direct else arrival_counts(device, rows)
+        out = torch.empty(slots, heads, head_dim, device=device, dtype=dtype)
+        return SplitWork(
+            splits=splits,
+            split_frames=split_frames,
+            buffers=(part_max, part_sum, part_acc, arrived, out),
+            merge={"splits_pow2": triton.next_power_of_2(splits), "direct": direct},
+            qk_scale_log2=math.log2(math.e) / math.sqrt(head_dim),
+            precision="ieee" if dtype == torch.float32 else None,
+        )
+
+
 def default_splits(rows: int, capacity: int, device: torch.device, block_n: int) -> int:
     """Splits per (slot, head) so that pass 1 has ~PROGRAMS_PER_SM programs per SM (read at
     each launch, like BLOCK_N)."""
@@ -466,24 +548,14 @@ def ring_attention(
             assert scale.dtype == KV_SCALE_DTYPE, scale.dtype
             assert scale.is_contiguous(), "scales must be contiguous"
             assert scale.device == q.device, "tensors on one device"
-    rows = slots * heads
-    if splits is None:
-        splits = default_splits(rows, capacity, q.device, block_n)
-    split_frames = block_n * math.ceil(capacity / (splits * block_n))
-    splits = math.ceil(capacity / split_frames)  # no split left empty by the rounding
-    direct = splits == 1  # pass 1 writes the output; else a row's last split merges it
-    partials = 1 if direct else rows * splits
-    part_max = torch.empty(partials, device=q.device, dtype=torch.float32)
-    part_sum = torch.empty(partials, device=q.device, dtype=torch.float32)
-    part_acc = torch.empty(partials, head_dim, device=q.device, dtype=torch.float32)
-    # one split counts nothing: part_max stands in
-    arrived = part_max if direct else arrival_counts(q.device, rows)
-    out = torch.empty(slots, heads, head_dim, device=q.device, dtype=q.dtype)
-    merge = {"splits_pow2": triton.next_power_of_2(splits), "direct": direct}
-    qk_scale_log2 = math.log2(math.e) / math.sqrt(head_dim)
+    work = SplitWork.of(slots, heads, head_dim, capacity, q.device, q.dtype, block_n, splits)
+    splits, split_frames = work.splits, work.split_frames
+    part_max, part_sum, part_acc, arrived, out = work.buffers
+    merge = work.merge
+    qk_scale_log2 = work.qk_scale_log2
     pdl = dependent(q, "ring_attention")
     if scales is None:
-        _ring_split_kernel[(rows, splits)](
+        _ring_split_kernel[(slots * heads, splits)](
             q,
             keys,
             values,
@@ -505,8 +577,7 @@ def ring_attention(
             block_n=block_n,
             **merge,
             empty=EMPTY_MAX,
-            # fp32 rings (tests, fp32 models) must not drop to tf32 in the dot
-            precision="ieee" if q.dtype == torch.float32 else None,
+            precision=work.precision,
             num_warps=num_warps,
             num_stages=num_stages,
             pdl=pdl,
@@ -516,7 +587,7 @@ def ring_attention(
         # a thread loads 16 bytes of an entry: one pass of the program over the tile covers
         # num_warps * 32 * 16 / head_dim entries, the softmax groups
         groups = min(block_n, num_warps * 32 * 16 // head_dim)
-        _ring_split_fp8_kernel[(rows, splits)](
+        _ring_split_fp8_kernel[(slots * heads, splits)](
             q,
             keys,
             values,

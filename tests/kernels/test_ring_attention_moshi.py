@@ -19,7 +19,7 @@ pytest.importorskip("triton", reason="triton is not installed (CPU torch does no
 
 from engine.executors.eager import EagerExecutor
 from engine.executors.graph import GraphExecutor
-from engine.models.moshi.attention import KV_FP8
+from engine.models.moshi.attention import KV_FP8, RingAttention
 from engine.models.moshi.config import load_config
 from engine.models.moshi.lm import MoshiLm
 from engine.models.moshi.model import MoshiModel, build_moshi, randomize
@@ -38,12 +38,15 @@ LM_STEPS = 14
 LM_RESETS = {0: [0, 1, 2], 4: [1], 11: [2]}
 
 
-def _lm(decode_kernel: bool) -> MoshiLm:
+def _lm(decode_kernel: bool, append_in_attention: bool = False) -> MoshiLm:
     config = dataclasses.replace(load_config("tiny").lm, context=LM_CONTEXT)
     assert config.context < LM_STEPS  # slot 0 wraps its ring
     lm = MoshiLm(config, SLOTS, DEVICE, torch.float32, GREEDY, GREEDY, None)
     randomize(lm, 3)
     lm.transformer.decode_kernel = decode_kernel
+    for module in lm.transformer.modules():
+        if isinstance(module, RingAttention):
+            module.append_in_attention = append_in_attention
     return lm
 
 
@@ -67,6 +70,33 @@ def test_lm_greedy_tokens_identical_with_kernel() -> None:
         want = _frames(_lm(decode_kernel=False), user)
         got = _frames(_lm(decode_kernel=True), user)
     assert len(torch.unique(want)) > 8  # the tokens carry information
+    assert torch.equal(got, want)
+
+
+def test_lm_with_the_append_in_the_attention_gives_the_two_launches_frames(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """RingAttention.append_in_attention (kernels/rope_attention.py, one launch a layer)
+    against kv_append + ring_attention: the same frames while slots reset and rings wrap,
+    every layer's step through the one launch."""
+    import kernels.rope_attention
+
+    launches: list[int] = []
+    fused = kernels.rope_attention.rope_ring_attention
+
+    def counted(*args: object) -> torch.Tensor:
+        launches.append(1)
+        return fused(*args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(kernels.rope_attention, "rope_ring_attention", counted)
+    generator = torch.Generator().manual_seed(1)
+    user = torch.randint(0, 64, (LM_STEPS, SLOTS, 8), generator=generator).to(DEVICE)
+    with torch.no_grad():
+        want = _frames(_lm(decode_kernel=True), user)
+        assert not launches
+        lm = _lm(decode_kernel=True, append_in_attention=True)
+        got = _frames(lm, user)
+    assert len(launches) == LM_STEPS * lm.config.num_layers
     assert torch.equal(got, want)
 
 

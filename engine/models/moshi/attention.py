@@ -204,6 +204,10 @@ class RingAttention(nn.Module):
         if max_period is not None:
             freqs = rope_frequencies(dim // num_heads, max_period, device)
         self.register_buffer("rope_freqs", freqs, False)
+        # decode's RoPE, ring append and attention in one launch of kernels/rope_attention.py
+        # (rings in the model's dtype, with RoPE); off until timed on the GPU (that module's
+        # docstring). Read at every call: set it before a graph is captured
+        self.append_in_attention = False
 
     def forward(
         self, x: Tensor, start: Tensor, keys: Tensor, values: Tensor, mask: Tensor | RingRead
@@ -231,6 +235,11 @@ class RingAttention(nn.Module):
 
         if qkv.shape[1] != 1:
             raise ValueError(f"ring decode attends one query per slot, got {qkv.shape[1]}")
+        if self.append_in_attention and ring.scales is None and self.rope_freqs is not None:
+            from kernels.rope_attention import rope_ring_attention
+
+            attended = rope_ring_attention(qkv, start, keys, values, self.rope_freqs, ring.context)
+            return attended[:, :, None]
         q = rope_kv_append(qkv, start, keys, values, self.rope_freqs, ring.scales)
         out = ring_attention(q[:, :, 0], keys, values, start, ring.context, scales=ring.scales)
         return out[:, :, None]
