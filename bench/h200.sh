@@ -23,9 +23,10 @@
 #   tests compiled first;
 # delays: the token delay rings in two launches a step (kernels/token_delays.py), its test
 #   compiled, then the step back to back with and without it, alternated;
-# glue: Mimi's glue kernels (not served yet) compiled against the torch ops, then the codec's
-#   stages with and without them (bench/engine_stages.py --ab glue) and the 1-call tick on
-#   the clock with and without `--mimi-glue-kernels`, alternated;
+# glue: Mimi's glue kernels and the temporal attention's append in its launch (neither served
+#   yet) compiled against the torch ops, then the stages with and without them
+#   (bench/engine_stages.py --ab glue / --ab append) and the 1-call tick on the clock with
+#   and without `--mimi-glue-kernels`, alternated;
 # verify: the GPU tests alone (the engine's, the doorbell's, then every kernel test compiled,
 #   spread over 8 workers with pytest-xdist) and where the 1-call tick goes kernel by kernel
 #   (bench/tick_kernels.py) and in Mimi (bench/mimi_gpu.py's costliest kernels).
@@ -114,10 +115,14 @@ if [[ $section == glue ]]; then
     # torch ops and in the codec's CUDA-graph test, then each codec stage with and without
     # them, twice in turn, at 1, 128 and 300 slots
     timeout 240 python3 -m pytest -q -m "not interpreter" tests/kernels/test_mimi_glue.py \
-        tests/kernels/test_mimi_codec.py -p no:cacheprovider 2>&1 |
+        tests/kernels/test_mimi_codec.py tests/kernels/test_rope_attention.py \
+        tests/kernels/test_ring_attention_moshi.py -p no:cacheprovider 2>&1 |
         tee "$out/gpu_tests_glue.log" | tail -2
     timeout 240 python3 bench/engine_stages.py --slots 1,128,300 --stages mimi_encode,mimi_decode \
         --ab glue --json "$out/engine_stages_glue.json" 2>&1 | tail -2 | cut -c1-400
+    # the temporal attention's RoPE + append inside its launch (kernels/rope_attention.py)
+    timeout 150 python3 bench/engine_stages.py --slots 1,4,32 --stages temporal --ab append \
+        --json "$out/engine_stages_append.json" 2>&1 | tail -2 | cut -c1-400
     # the whole 1-call tick on the 80 ms clock with and without them, twice in turn
     for round in 1 2; do
         for run in "glue:--mimi-glue-kernels" "served:"; do
