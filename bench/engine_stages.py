@@ -63,7 +63,6 @@ import torch
 from gpu_timing import count_kernels, machine, replay_ms, summary  # bench/, this folder
 
 import kernels.fused_linear as fused_linear_module
-from engine.models.moshi.attention import RingAttention
 from engine.models.moshi.config import moshiko
 from engine.models.moshi.depformer import FEW_ROWS
 from engine.models.moshi.lm import MoshiLm
@@ -104,10 +103,6 @@ def convolutions(mimi: MimiCodec) -> list[StreamingConv1d]:
     return [module for module in mimi.modules() if isinstance(module, StreamingConv1d)]
 
 
-def attentions(lm: MoshiLm) -> list[RingAttention]:
-    return [module for module in lm.transformer.modules() if isinstance(module, RingAttention)]
-
-
 def serve(mimi: MimiCodec, lm: MoshiLm) -> None:
     """Every experiment's knob as served."""
     dependent_launch.ALL_UP_TO = SERVED_ALL_UP_TO
@@ -116,8 +111,7 @@ def serve(mimi: MimiCodec, lm: MoshiLm) -> None:
     for module in convolutions(mimi):
         module.window_kernel = None
     mimi.use_glue_kernels(False)
-    for attention in attentions(lm):
-        attention.append_in_attention = False
+    lm.transformer.append_in_attention(False)
 
 
 def experiments(slots: int, mimi: MimiCodec, lm: MoshiLm, names: list[str]) -> list[Arms]:
@@ -143,11 +137,7 @@ def experiments(slots: int, mimi: MimiCodec, lm: MoshiLm, names: list[str]) -> l
         return lambda: mimi.use_glue_kernels(on)
 
     def append(on: bool) -> Callable[[], None]:
-        def apply() -> None:
-            for attention in attentions(lm):
-                attention.append_in_attention = on
-
-        return apply
+        return lambda: lm.transformer.append_in_attention(on)
 
     def cudnn_benchmark(on: bool) -> Callable[[], None]:
         return lambda: setattr(torch.backends.cudnn, "benchmark", on)

@@ -2,8 +2,8 @@
 # Everything the GPU machine checks and times for a submission, most important first, each step
 # bounded; two sections so that each stays under the device's 10-minute limit per command:
 #
-#   [REV=commit] bench/h200.sh OUT [capacity|step|sampling|linear|delays|verify|glue|all]
-#       (default all but the last five; REV names verify's profiles, see there)
+#   [REV=commit] bench/h200.sh OUT [capacity|step|sampling|linear|delays|verify|glue|clock|all]
+#       (default all but the last six; REV names verify's profiles, see there)
 #
 # capacity: real-clock capacity with every call aged to a full 2-minute context (`cadence
 #   bench engine --full-context`): 300 calls with fp8 KV rings, 152 with bf16, and 1 call
@@ -25,8 +25,9 @@
 #   compiled, then the step back to back with and without it, alternated;
 # glue: Mimi's glue kernels and the temporal attention's append in its launch (neither served
 #   yet) compiled against the torch ops, then the stages with and without them
-#   (bench/engine_stages.py --ab glue / --ab append) and the 1-call tick on the clock with
-#   and without `--mimi-glue-kernels`, alternated;
+#   (bench/engine_stages.py --ab glue / --ab append);
+# clock: the 1-call tick on the clock as served and with `--mimi-glue-kernels`,
+#   `--rope-in-attention` and both, alternated twice;
 # verify: the GPU tests alone (the engine's, the doorbell's, then every kernel test compiled,
 #   spread over 8 workers with pytest-xdist) and where the 1-call tick goes kernel by kernel
 #   (bench/tick_kernels.py) and in Mimi (bench/mimi_gpu.py's costliest kernels).
@@ -123,10 +124,14 @@ if [[ $section == glue ]]; then
     # the temporal attention's RoPE + append inside its launch (kernels/rope_attention.py)
     timeout 150 python3 bench/engine_stages.py --slots 1,4,32 --stages temporal --ab append \
         --json "$out/engine_stages_append.json" 2>&1 | tail -2 | cut -c1-400
-    # the whole 1-call tick on the 80 ms clock with and without them, twice in turn
+fi
+if [[ $section == clock ]]; then
+    # the whole 1-call tick on the 80 ms clock as served, with Mimi's glue kernels, with the
+    # append in the attention, and with both, twice in turn
     for round in 1 2; do
-        for run in "glue:--mimi-glue-kernels" "served:"; do
-            # shellcheck disable=SC2086 # the flag after the colon is a list
+        for run in "served:" "glue:--mimi-glue-kernels" "append:--rope-in-attention" \
+            "both:--mimi-glue-kernels --rope-in-attention"; do
+            # shellcheck disable=SC2086 # the flags after the colon are a list
             timeout 90 "${engine[@]}" --kv-dtype bf16 --slots 1 --seconds 15 ${run#*:} \
                 --json "$out/bench_engine_bf16_1_${run%%:*}_$round.json" 2>&1 | tail -1
         done

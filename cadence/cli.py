@@ -89,6 +89,12 @@ def _engine_options(p: argparse.ArgumentParser) -> None:
         "residual block's end and a transformer step's RoPE tables, one Triton launch each; "
         "off by default until timed on a GPU (docs/gpu-log.md)",
     )
+    m.add_argument(
+        "--rope-in-attention",
+        action="store_true",
+        help="the temporal attention's RoPE and ring append inside its launch (CUDA, bf16 "
+        "rings; kernels/rope_attention.py); off by default until timed on a GPU",
+    )
     m.add_argument("--voice-prompt", type=Path, help="PersonaPlex: WAV of the voice to speak with")
     m.add_argument("--text-prompt", help="PersonaPlex: the role text (needs the tokenizer)")
 
@@ -212,6 +218,7 @@ def _engine_argv(a: argparse.Namespace) -> list[str]:
         f"--kv-dtype={a.kv_dtype}",
         *([] if a.dependent_launch else ["--no-dependent-launch"]),
         *(["--mimi-glue-kernels"] if a.mimi_glue_kernels else []),
+        *(["--rope-in-attention"] if a.rope_in_attention else []),
         *([f"--voice-prompt={a.voice_prompt}"] if a.voice_prompt else []),
         *([f"--text-prompt={a.text_prompt}"] if a.text_prompt else []),
     ]
@@ -387,6 +394,7 @@ def _engine_config(args: argparse.Namespace, control: Path, ring: str) -> "Engin
             kv_dtype=args.kv_dtype,
             dependent_launch=args.dependent_launch,
             mimi_glue_kernels=args.mimi_glue_kernels,
+            rope_in_attention=args.rope_in_attention,
             voice_prompt=args.voice_prompt,
             text_prompt=args.text_prompt,
         ),

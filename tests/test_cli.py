@@ -1,6 +1,7 @@
 """The command line: what `serve` (and `bench engine`) hand their child processes, and what
 `serve` refuses before starting any."""
 
+import dataclasses
 import subprocess
 import sys
 
@@ -26,20 +27,29 @@ def test_dependent_launch_is_on_unless_turned_off() -> None:
     assert default.dependent_launch is True
 
 
-def test_mimi_glue_kernels_are_off_unless_asked_and_only_on_cuda() -> None:
-    assert "--mimi-glue-kernels" not in _engine_args_of([])
-    asked = ["--model=moshi", "--random-weights", "--device=cuda", "--mimi-glue-kernels"]
-    engine_argv = _engine_args_of(asked)
-    assert "--mimi-glue-kernels" in engine_argv
+@pytest.mark.parametrize(
+    ("flag", "asked"),
+    [
+        ("mimi_glue_kernels", ModelOptions(random_weights=0, mimi_glue_kernels=True)),
+        ("rope_in_attention", ModelOptions(random_weights=0, rope_in_attention=True)),
+    ],
+)
+def test_held_off_kernels_are_off_unless_asked_and_only_on_cuda(
+    flag: str, asked: ModelOptions
+) -> None:
+    """--mimi-glue-kernels and --rope-in-attention (kernels not yet timed on a GPU)."""
+    option = "--" + flag.replace("_", "-")
+    assert option not in _engine_args_of([])
+    engine_argv = _engine_args_of(["--model=moshi", "--random-weights", "--device=cuda", option])
+    assert option in engine_argv
     engine = build_parser().parse_args(
         ["engine", "--control=/tmp/c.sock", "--ring=r", *engine_argv]
     )
-    assert engine.mimi_glue_kernels is True
-    options = ModelOptions(random_weights=0, device="cuda", mimi_glue_kernels=True)
-    options.check("moshi")
+    assert getattr(engine, flag) is True
+    dataclasses.replace(asked, device="cuda").check("moshi")
     for model, device in (("moshi", "cpu"), ("echo", "cuda")):
-        with pytest.raises(ValueError, match="--mimi-glue-kernels is for"):
-            ModelOptions(random_weights=0, device=device, mimi_glue_kernels=True).check(model)
+        with pytest.raises(ValueError, match=f"{option} is for"):
+            dataclasses.replace(asked, device=device).check(model)
 
 
 @pytest.mark.parametrize(

@@ -30,6 +30,9 @@ class ModelOptions:
     dependent_launch: bool = True
     # Mimi's glue kernels (MimiCodec.use_glue_kernels), CUDA only; off until timed on a GPU
     mimi_glue_kernels: bool = False
+    # the temporal attention's RoPE + ring append in its launch (RingAttention.
+    # append_in_attention), CUDA only; off until timed on a GPU
+    rope_in_attention: bool = False
 
     def check(self, model: str) -> None:
         if model == "moshi" and (self.checkpoint is None) == (self.random_weights is None):
@@ -44,8 +47,12 @@ class ModelOptions:
             raise ValueError(f"--kv-dtype {self.kv_dtype} is for --model moshi (it has KV rings)")
         if not DEVICE.fullmatch(self.device):
             raise ValueError(f"unknown device {self.device!r}; choose cpu, cuda or cuda:N")
-        if self.mimi_glue_kernels and (model != "moshi" or not self.device.startswith("cuda")):
-            raise ValueError("--mimi-glue-kernels is for --model moshi on --device cuda")
+        for flag, on in (
+            ("--mimi-glue-kernels", self.mimi_glue_kernels),
+            ("--rope-in-attention", self.rope_in_attention),
+        ):
+            if on and (model != "moshi" or not self.device.startswith("cuda")):
+                raise ValueError(f"{flag} is for --model moshi on --device cuda")
         if self.cpu_threads < 1:
             raise ValueError(f"--cpu-threads must be at least 1, got {self.cpu_threads}")
 
@@ -99,6 +106,7 @@ def build_model(name: str, slots: int, options: ModelOptions | None = None) -> M
         )
         # set before the executor captures its graph
         model.mimi.use_glue_kernels(options.mimi_glue_kernels)
+        model.lm.transformer.append_in_attention(options.rope_in_attention)
         if options.voice_prompt is not None or options.text_prompt is not None:
             from engine.infer import read_wav, resample
 

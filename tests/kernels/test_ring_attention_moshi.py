@@ -19,7 +19,7 @@ pytest.importorskip("triton", reason="triton is not installed (CPU torch does no
 
 from engine.executors.eager import EagerExecutor
 from engine.executors.graph import GraphExecutor
-from engine.models.moshi.attention import KV_FP8, RingAttention
+from engine.models.moshi.attention import KV_FP8
 from engine.models.moshi.config import load_config
 from engine.models.moshi.lm import MoshiLm
 from engine.models.moshi.model import MoshiModel, build_moshi, randomize
@@ -44,9 +44,7 @@ def _lm(decode_kernel: bool, append_in_attention: bool = False) -> MoshiLm:
     lm = MoshiLm(config, SLOTS, DEVICE, torch.float32, GREEDY, GREEDY, None)
     randomize(lm, 3)
     lm.transformer.decode_kernel = decode_kernel
-    for module in lm.transformer.modules():
-        if isinstance(module, RingAttention):
-            module.append_in_attention = append_in_attention
+    lm.transformer.append_in_attention(append_in_attention)
     return lm
 
 

@@ -245,6 +245,14 @@ class TemporalTransformer(nn.Module):
             kv_dtype=kv_dtype,
         )
 
+    def append_in_attention(self, on: bool) -> None:
+        """Every layer's decode with its RoPE and ring append inside the attention's launch
+        (kernels/rope_attention.py, RingAttention.append_in_attention), or in a launch of
+        their own (kernels/kv_append.py, the default). Set it before a graph is captured."""
+        for module in self.modules():
+            if isinstance(module, RingAttention):
+                module.append_in_attention = on
+
     def reset(self, mask: Tensor) -> None:
         """mask: bool [slots]; those slots start over at position 0."""
         self.positions.masked_fill_(mask, 0)

@@ -73,15 +73,26 @@ def test_personaplex_prompt_frames_layout() -> None:
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 @pytest.mark.parametrize("on", [False, True])
-def test_the_engine_option_switches_mimi_glue_kernels(on: bool) -> None:
-    """--mimi-glue-kernels reaches the codec (ModelOptions -> build_model), off by default."""
+def test_the_engine_options_switch_the_held_off_kernels(on: bool) -> None:
+    """--mimi-glue-kernels reaches the codec, --rope-in-attention the temporal attention
+    (ModelOptions -> build_model), both off by default."""
     from engine.models import ModelOptions, build_model
+    from engine.models.moshi.attention import RingAttention
     from engine.models.moshi.mimi.transformer import MimiTransformer
     from engine.models.moshi.model import MoshiModel
 
-    options = ModelOptions(config="tiny", random_weights=0, device="cuda", mimi_glue_kernels=on)
+    options = ModelOptions(
+        config="tiny",
+        random_weights=0,
+        device="cuda",
+        mimi_glue_kernels=on,
+        rope_in_attention=on,
+    )
     model = build_model("moshi", 1, options)
     assert isinstance(model, MoshiModel)
     transformers = [m for m in model.mimi.modules() if isinstance(m, MimiTransformer)]
     assert transformers
     assert all(t.rope_kernel is on for t in transformers)
+    attentions = [m for m in model.lm.transformer.modules() if isinstance(m, RingAttention)]
+    assert attentions
+    assert all(a.append_in_attention is on for a in attentions)
