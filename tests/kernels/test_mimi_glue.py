@@ -5,6 +5,8 @@ inside stacks carried over frames: the transposed convolution's overlap-add
 
 Triton's interpreter on CPU, compiled on a GPU (the same tests: the device is the test's)."""
 
+from collections.abc import Iterator
+
 import pytest
 
 pytest.importorskip("torch")
@@ -145,12 +147,26 @@ def test_decoder_with_the_overlap_kernel_matches_over_frames(
             assert torch.equal(got, want), (got - want).abs().max()
 
 
+@pytest.fixture
+def full_fp32() -> Iterator[None]:
+    """torch's fp32 matmuls and cuDNN's convolutions in full fp32 (not TF32) for the test,
+    so the residual kernel's fp32 products are compared with fp32 ones: on CUDA cuDNN takes
+    TF32 by default, and the engine turns it on for matmuls process-wide (build_model)."""
+    before = torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cudnn.allow_tf32 = torch.backends.cuda.matmul.allow_tf32 = False
+    try:
+        yield
+    finally:
+        torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32 = before
+
+
 @pytest.mark.parametrize(
     ("frames", "hidden", "dim"),
     # Mimi's widths at one frame count each (hidden half the width), a width off the
     # blocks, frames over one program's rows, one frame
     [(1920, 32, 64), (16, 256, 512), (5, 4, 8), (100, 48, 70), (1, 32, 64)],
 )
+@pytest.mark.usefixtures("full_fp32")
 def test_residual_conv_is_the_torch_ops(frames: int, hidden: int, dim: int) -> None:
     """fp32 products and sums in another order than torch's: within fp32 rounding."""
     slots = 2
@@ -165,6 +181,7 @@ def test_residual_conv_is_the_torch_ops(frames: int, hidden: int, dim: int) -> N
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.usefixtures("full_fp32")
 def test_residual_conv_takes_strided_slots_and_refuses_time_last() -> None:
     """A slot's rows may sit farther apart (a view of a wider buffer); a time-last input
     is refused, not misread."""
@@ -181,6 +198,7 @@ def test_residual_conv_takes_strided_slots_and_refuses_time_last() -> None:
 
 
 @pytest.mark.parametrize("activate", [False, True], ids=["plain", "elu-after"])
+@pytest.mark.usefixtures("full_fp32")
 def test_residual_conv_runs_the_elu_after_the_block(activate: bool) -> None:
     x, h = _randn(1, 40, 16, seed=50), _randn(1, 40, 8, seed=51)
     weight, bias = _randn(16, 8, seed=52), _randn(16, seed=53)
@@ -198,6 +216,7 @@ def test_residual_conv_runs_the_elu_after_the_block(activate: bool) -> None:
     [(seanet_encoder, 1, 2 * 1920, False), (seanet_decoder, None, 4, True)],
     ids=["encoder", "decoder"],
 )
+@pytest.mark.usefixtures("full_fp32")
 def test_stacks_with_the_residual_kernel_match_over_frames(
     make: object,
     channels: int | None,
