@@ -2,8 +2,9 @@
 # Everything the GPU machine checks and times for a submission, most important first, each step
 # bounded; two sections so that each stays under the device's 10-minute limit per command:
 #
-#   [REV=commit] bench/h200.sh OUT [capacity|step|sampling|linear|delays|verify|glue|clock|all]
-#       (default all but the last six; REV names verify's profiles, see there)
+#   [REV=commit] bench/h200.sh OUT
+#       [capacity|step|sampling|linear|delays|verify|glue|append|clock|all]
+#       (default all but the last seven; REV names verify's profiles, see there)
 #
 # capacity: real-clock capacity with every call aged to a full 2-minute context (`cadence
 #   bench engine --full-context`): 300 calls with fp8 KV rings, 152 with bf16, and 1 call
@@ -24,8 +25,9 @@
 # delays: the token delay rings in two launches a step (kernels/token_delays.py), its test
 #   compiled, then the step back to back with and without it, alternated;
 # glue: Mimi's glue kernels and the temporal attention's append in its launch (neither served
-#   yet) compiled against the torch ops, then the stages with and without them
-#   (bench/engine_stages.py --ab glue / --ab append);
+#   yet) compiled against what they replace, then Mimi's stages with and without the glue
+#   kernels (bench/engine_stages.py --ab glue);
+# append: the temporal stage with and without the append in the attention (--ab append);
 # clock: the 1-call tick on the clock as served and with `--mimi-glue-kernels`,
 #   `--rope-in-attention` and both, alternated twice;
 # verify: the GPU tests alone (the engine's, the doorbell's, then every kernel test compiled,
@@ -112,17 +114,20 @@ if [[ $section == verify ]]; then
         2>&1 | tail -2 | cut -c1-300
 fi
 if [[ $section == glue ]]; then
-    # Mimi's glue kernels (MimiCodec.use_glue_kernels, not served yet): compiled against the
-    # torch ops and in the codec's CUDA-graph test, then each codec stage with and without
-    # them, twice in turn, at 1, 128 and 300 slots
-    timeout 240 python3 -m pytest -q -m "not interpreter" tests/kernels/test_mimi_glue.py \
+    # the kernels built but not served yet, compiled against what they replace: Mimi's glue
+    # kernels (MimiCodec.use_glue_kernels; also in the codec's CUDA-graph test) and the
+    # temporal attention's RoPE + append inside its launch (kernels/rope_attention.py; also in
+    # the tiny LM and the whole model's graph test), spread over 8 workers
+    timeout 300 python3 -m pytest -q -n 8 -m "not interpreter" tests/kernels/test_mimi_glue.py \
         tests/kernels/test_mimi_codec.py tests/kernels/test_rope_attention.py \
         tests/kernels/test_ring_attention_moshi.py -p no:cacheprovider 2>&1 |
         tee "$out/gpu_tests_glue.log" | tail -2
-    timeout 240 python3 bench/engine_stages.py --slots 1,128,300 --stages mimi_encode,mimi_decode \
+    # each stage with and without them, twice in turn
+    timeout 280 python3 bench/engine_stages.py --slots 1,128,300 --stages mimi_encode,mimi_decode \
         --ab glue --json "$out/engine_stages_glue.json" 2>&1 | tail -2 | cut -c1-400
-    # the temporal attention's RoPE + append inside its launch (kernels/rope_attention.py)
-    timeout 150 python3 bench/engine_stages.py --slots 1,4,32 --stages temporal --ab append \
+fi
+if [[ $section == append ]]; then
+    timeout 280 python3 bench/engine_stages.py --slots 1,4,32 --stages temporal --ab append \
         --json "$out/engine_stages_append.json" 2>&1 | tail -2 | cut -c1-400
 fi
 if [[ $section == clock ]]; then
