@@ -80,8 +80,8 @@ def time_major_4d(x: Tensor) -> Tensor:
 
 class StatePool:
     """The states of a codec direction's convolutions as views of one fp32 [slots, size]
-    buffer, so that resetting them is one masked fill, not one launch per convolution (16 in
-    Moshi's Mimi encoder, the replicating downsample's tail among them); the replicating
+    buffer, so that resetting them is one masked fill, not one launch per convolution (15 per
+    direction in Moshi's Mimi, the encoder's replicating downsample among them); the replicating
     convolution's first-frame flag and the other streaming parts (transformers) reset
     themselves. Built once the modules are on their device: moving a module afterwards would
     give its state a buffer of its own again."""
