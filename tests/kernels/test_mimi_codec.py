@@ -7,10 +7,8 @@ the audio decoded from the same codes must stay within AUDIO_TOLERANCE (relative
 tolerance the CPU test against Kyutai uses (tests/engine/models/moshi/test_mimi.py).
 """
 
-import contextlib
 import dataclasses
 import math
-from collections.abc import Iterator
 
 import pytest
 
@@ -23,6 +21,7 @@ pytest.importorskip("triton", reason="triton is not installed (CPU torch does no
 from engine.models.moshi.config import MimiConfig, moshiko, tiny
 from engine.models.moshi.mimi.codec import MimiCodec
 from engine.models.moshi.model import randomize
+from tests.support import precision
 
 FRAME = 1920
 AUDIO_TOLERANCE = 1e-4
@@ -97,19 +96,6 @@ def _graph(stage: object, inputs: torch.Tensor) -> tuple[torch.cuda.CUDAGraph, t
     return graph, out
 
 
-@contextlib.contextmanager
-def _tf32(allowed: bool) -> Iterator[None]:
-    """cuDNN's convolutions and torch's matmuls (the transposed convolutions are GEMMs,
-    seanet.StreamingConvTranspose1d) in TF32, as the server runs them, or in full fp32, for
-    the block."""
-    before = torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32
-    torch.backends.cudnn.allow_tf32 = torch.backends.cuda.matmul.allow_tf32 = allowed
-    try:
-        yield
-    finally:
-        torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32 = before
-
-
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 @pytest.mark.parametrize("tf32", [False, True], ids=["fp32-convolutions", "tf32-convolutions"])
@@ -144,7 +130,7 @@ def test_fused_codec_in_cuda_graphs_matches_eager_on_gpu(
     device = torch.device("cuda")
     frames = 63
     config = moshiko().mimi
-    with _tf32(tf32):
+    with precision.tf32(tf32):
         eager, fused = codec_pair(config, slots, device, glue)
         reference = MimiCodec(config, slots, device, fused=False)  # fp32 convolutions
         reference.load_state_dict(eager.state_dict())
@@ -170,7 +156,7 @@ def test_fused_codec_in_cuda_graphs_matches_eager_on_gpu(
                 decode.replay()
                 want_audio.append(eager.decode(codes))
                 got_audio.append(fused_audio.clone())
-                with _tf32(False):
+                with precision.tf32(False):
                     floor_equal += int((reference.encode(pcm_in) == codes).sum())
                     floor_audio.append(reference.decode(codes))
     total = slots * frames * 8

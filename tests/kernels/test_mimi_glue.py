@@ -32,6 +32,7 @@ from engine.models.moshi.model import randomize
 from kernels.mimi_rope import step_rope_tables, step_rope_tables_reference
 from kernels.seanet_overlap import channelwise_overlap_add, overlap_add, overlap_add_reference
 from kernels.seanet_residual import residual_conv, residual_conv_reference
+from tests.support.precision import tf32
 
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
@@ -152,12 +153,8 @@ def full_fp32() -> Iterator[None]:
     """torch's fp32 matmuls and cuDNN's convolutions in full fp32 (not TF32) for the test,
     so the residual kernel's fp32 products are compared with fp32 ones: on CUDA cuDNN takes
     TF32 by default, and the engine turns it on for matmuls process-wide (build_model)."""
-    before = torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32
-    torch.backends.cudnn.allow_tf32 = torch.backends.cuda.matmul.allow_tf32 = False
-    try:
+    with tf32(False):
         yield
-    finally:
-        torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32 = before
 
 
 @pytest.mark.parametrize(
