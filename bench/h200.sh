@@ -29,7 +29,7 @@
 #   kernels (bench/engine_stages.py --ab glue);
 # append: the temporal stage with and without the append in the attention (--ab append);
 # clock: the 1-call tick on the clock as served and with `--mimi-glue-kernels`,
-#   `--rope-in-attention` and both, alternated twice;
+#   `--rope-in-attention` and both, alternated twice (ROUNDS=n: n times);
 # verify: the GPU tests alone (the engine's, the doorbell's, then every kernel test compiled,
 #   spread over 8 workers with pytest-xdist) and where the 1-call tick goes kernel by kernel
 #   (bench/tick_kernels.py) and in Mimi (bench/mimi_gpu.py's costliest kernels).
@@ -133,7 +133,7 @@ fi
 if [[ $section == clock ]]; then
     # the whole 1-call tick on the 80 ms clock as served, with Mimi's glue kernels, with the
     # append in the attention, and with both, twice in turn
-    for round in 1 2; do
+    for round in $(seq "${ROUNDS:-2}"); do
         for run in "served:" "glue:--mimi-glue-kernels" "append:--rope-in-attention" \
             "both:--mimi-glue-kernels --rope-in-attention"; do
             # shellcheck disable=SC2086 # the flags after the colon are a list

@@ -26,8 +26,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import triton  # type: ignore[import-not-found,import-untyped,unused-ignore]
-from kernels_ring_sass import HOPPER, disassemble  # bench/, this folder
-from triton.compiler import ASTSource  # type: ignore[import-not-found,import-untyped,unused-ignore]
+from kernels_ring_sass import compile_sm90, disassemble  # bench/, this folder
 
 from kernels import mimi_rope, seanet_overlap, seanet_residual, seanet_window
 
@@ -44,13 +43,7 @@ def build(
 ) -> dict[str, Any]:
     """One program's sm_90 build and what it costs."""
     types: dict[str, str] = dict(pointers) | dict.fromkeys(integers, "i32")
-    types |= dict.fromkeys(constants, "constexpr")
-    names = list(types)
-    attrs = {
-        (names.index(name),): [["tt.divisibility", 16]] for name in [*pointers, *aligned_integers]
-    }
-    source = ASTSource(fn=kernel, signature=types, constexprs=constants, attrs=attrs)
-    compiled = triton.compile(source, target=HOPPER, options=options)
+    compiled = compile_sm90(kernel, types, constants, [*pointers, *aligned_integers], options)
     path = Path("/tmp/kernels_glue.cubin")
     path.write_bytes(bytes(compiled.asm["cubin"]))
     usage, _ = disassemble(path)

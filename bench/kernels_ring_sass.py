@@ -21,6 +21,7 @@ import re
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 os.environ.setdefault("TRITON_DEFAULT_FP_FUSION", "1")  # Triton's default, stated
@@ -79,18 +80,31 @@ def build(
         constants["precision"] = None
     if rope:
         constants["compiled"] = True
-    types = (rope_signature() if rope else signature(fp8)) | dict.fromkeys(constants, "constexpr")
-    names = list(types)
     aligned = [*POINTERS, "k_scale_ptr", "v_scale_ptr", "stride_q_slot", "stride_q_head"]
     aligned += ["qkv_ptr", "freqs_ptr", "start_ptr", "stride_batch", "stride_part", "stride_head"]
-    attrs = {(names.index(n),): [["tt.divisibility", 16]] for n in aligned if n in names}
     kernel = ring._ring_split_fp8_kernel if fp8 else ring._ring_split_kernel
     if rope:
         kernel = rope_attention._rope_split_kernel
-    source = ASTSource(fn=kernel, signature=types, constexprs=constants, attrs=attrs)
+    types = rope_signature() if rope else signature(fp8)
     options = {"num_warps": warps, "num_stages": stages}
-    compiled = triton.compile(source, target=HOPPER, options=options)
-    return bytes(compiled.asm["cubin"])
+    return bytes(compile_sm90(kernel, types, constants, aligned, options).asm["cubin"])
+
+
+def compile_sm90(
+    kernel: Any,
+    types: dict[str, str],
+    constants: dict[str, object],
+    aligned: list[str],
+    options: dict[str, object],
+) -> Any:
+    """`kernel` built for sm_90 without a GPU: its arguments' `types` (the constants added as
+    constexpr), those named in `aligned` specialized as a launch with 16-byte aligned
+    pointers and strides divisible by 16 specializes them."""
+    types = types | dict.fromkeys(constants, "constexpr")
+    names = list(types)
+    attrs = {(names.index(n),): [["tt.divisibility", 16]] for n in aligned if n in names}
+    source = ASTSource(fn=kernel, signature=types, constexprs=constants, attrs=attrs)
+    return triton.compile(source, target=HOPPER, options=options)
 
 
 def tool(name: str) -> str:

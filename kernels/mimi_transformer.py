@@ -98,6 +98,7 @@ from torch.nn import functional
 from kernels.arrivals import arrival_counts, last_to_arrive
 from kernels.dependent_launch import dependent, wait_for_inputs
 from kernels.device import multiprocessors
+from kernels.ring_attention import cyclic_split
 
 # The step kernel's shape, (block_n, tiles_per_split, num_warps): block_n ring entries per
 # tile, tiles_per_split tiles walked by one program (the ring is split over
@@ -201,11 +202,7 @@ def _older_run(start, steps: tl.constexpr, capacity, context, split, split_frame
     last = start + steps - 1
     final = (last % capacity).to(tl.int32)
     oldest = tl.minimum(last, context + steps - 2).to(tl.int32)
-    lo = split * split_frames
-    hi = tl.minimum(lo + split_frames, capacity)
-    unwrapped = oldest <= final
-    lo = tl.where(unwrapped, tl.maximum(lo, final - oldest), lo)
-    hi = tl.where(unwrapped, tl.minimum(hi, final - steps + 1), hi)
+    lo, hi = cyclic_split(final, oldest, steps, capacity, split, split_frames)
     return final, oldest, lo, hi
 
 

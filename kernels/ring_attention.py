@@ -152,12 +152,24 @@ def _split_run(last, capacity, context, split, split_frames):  # type: ignore[no
     instructions per entry."""
     final = (last % capacity).to(tl.int32)
     oldest = tl.minimum(last, context - 1).to(tl.int32)
+    lo, hi = cyclic_split(final, oldest, 0, capacity, split, split_frames)
+    return final, oldest, lo, hi
+
+
+@triton.jit  # type: ignore[untyped-decorator,unused-ignore]
+def cyclic_split(final, oldest, newest, capacity, split, split_frames):  # type: ignore[no-untyped-def,unused-ignore]
+    """[lo, hi) of split `split` (`split_frames` ring entries each) over a ring whose attended
+    entries are those `newest` to `oldest` frames older than entry `final`: one cyclic run
+    of indices. When the run does not wrap (oldest <= final: a call younger than the ring)
+    the split is cut to it, so a young call reads only what it wrote (_split_run's, with
+    newest 0; kernels/mimi_transformer.py's _older_run's, with newest T, its own entries
+    attended from registers)."""
     lo = split * split_frames
     hi = tl.minimum(lo + split_frames, capacity)
     unwrapped = oldest <= final
     lo = tl.where(unwrapped, tl.maximum(lo, final - oldest), lo)
-    hi = tl.where(unwrapped, tl.minimum(hi, final + 1), hi)
-    return final, oldest, lo, hi
+    hi = tl.where(unwrapped, tl.minimum(hi, final + 1 - newest), hi)
+    return lo, hi
 
 
 @triton.jit  # type: ignore[untyped-decorator,unused-ignore]

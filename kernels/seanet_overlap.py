@@ -17,12 +17,13 @@ frame's. Time-major (channels last), as the codec keeps its activations on CUDA:
 The sums are rounded as the torch ops round them (the concatenation of the owed shares, an
 in-place add of the taps, then of the bias; the channel-wise product rounded before the add:
 the launch keeps the compiler from contracting it into a fused multiply-add), so the output
-is the torch ops' bit for bit. In torch ops those are a concatenation, two adds and a copy
-of the new partial (and the channel-wise product): four launches of a few KiB at one call,
-~2 us each in the captured tick. A program writes BLOCK_ROWS output frames of BLOCK_C
-channels; the programs of row block 0 also read the old partial (for t = 0) and, after every
-thread has read it, write the new one, so each slot and channel block's partial is read and
-written by one program only.
+is the torch ops' (engine/models/moshi/mimi/seanet.py's overlap_add) bit for bit. In torch
+ops those are a concatenation, two adds and a copy of the new partial (and the channel-wise
+product): four launches of a few KiB at one call, ~2 us each in the captured tick (torch's
+elementwise kernels' advance there, bench/results/tick_kernels_1_9a47cab.json). A program
+writes BLOCK_ROWS output frames of BLOCK_C channels; the programs of row block 0 also read
+the old partial (for t = 0) and, after every thread has read it, write the new one, so each
+slot and channel block's partial is read and written by one program only.
 
 Not served: StreamingConvTranspose1d.overlap_kernel defaults off until it is timed on the
 GPU against the torch ops (`python3 bench/engine_stages.py --slots 1,128 --stages
@@ -40,20 +41,6 @@ from kernels.seanet_window import rows_of_channels
 
 BLOCK_ROWS = 64  # output frames a program (at least the largest stride, 8 in Mimi)
 BLOCK_C = 64  # channels a program
-
-
-def overlap_add_reference(taps: Tensor, partial: Tensor, bias: Tensor | None) -> Tensor:
-    """taps [slots, T, 2 * stride, C], partial [slots, stride, C] (replaced) -> out
-    [slots, T * stride, C]: the codec's torch ops (seanet.StreamingConvTranspose1d)."""
-    slots, frames, kernel, channels = taps.shape
-    stride = kernel // 2
-    owed = taps[:, :, stride:]
-    carried = torch.cat([partial[:, None], owed[:, :-1]], dim=1)
-    out = carried.add_(taps[:, :, :stride])
-    if bias is not None:
-        out.add_(bias)
-    partial.copy_(owed[:, -1])
-    return out.view(slots, frames * stride, channels)
 
 
 @triton.jit  # type: ignore[untyped-decorator,unused-ignore]

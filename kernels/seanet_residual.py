@@ -3,10 +3,10 @@ bias, and the skip connection.
 
 A residual block (engine/models/moshi/mimi/seanet.py, ResnetBlock) is x + conv1x1(ELU(
 conv_k(ELU(x)))). Its last three ops, an ELU, cuDNN's 1x1 convolution and the add, are three
-launches of a few KiB at one call (~2 us each in the captured tick, the convolution more),
-and at hundreds of calls they move the hidden activation and the output through memory
-three times. Here, time-major (channels last) as the codec keeps its activations on CUDA,
-every row a (slot, frame):
+launches of a few KiB at one call (torch's elementwise kernels advance the captured tick by
+~2 us each, bench/results/tick_kernels_1_9a47cab.json), and at hundreds of calls each of
+them reads and writes a whole activation. Here, time-major (channels last) as the codec
+keeps its activations on CUDA, every row a (slot, frame):
 
     h:       [slots, T, hidden]   the inner convolution's output
     x:       [slots, T, dim]      the block's input

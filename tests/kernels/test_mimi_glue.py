@@ -18,6 +18,7 @@ pytest.importorskip("triton", reason="triton is not installed (CPU torch does no
 import kernels.seanet_overlap
 import kernels.seanet_residual
 from engine.models.moshi.config import tiny
+from engine.models.moshi.mimi import seanet
 from engine.models.moshi.mimi.codec import MimiCodec
 from engine.models.moshi.mimi.seanet import (
     ResnetBlock,
@@ -30,7 +31,7 @@ from engine.models.moshi.mimi.seanet import (
 from engine.models.moshi.mimi.transformer import MimiTransformer
 from engine.models.moshi.model import randomize
 from kernels.mimi_rope import step_rope_tables, step_rope_tables_reference
-from kernels.seanet_overlap import channelwise_overlap_add, overlap_add, overlap_add_reference
+from kernels.seanet_overlap import channelwise_overlap_add, overlap_add
 from kernels.seanet_residual import residual_conv, residual_conv_reference
 from tests.support.precision import tf32
 
@@ -72,7 +73,7 @@ def test_overlap_add_is_the_torch_ops(
     partial = _partial(slots, stride, channels, pooled, seed=2)
     gain = _randn(channels, seed=3) if bias else None
     kept = partial.clone()
-    want = overlap_add_reference(taps, kept, gain)
+    want = seanet.overlap_add(taps, kept, gain)
     got = overlap_add(taps, partial, gain)
     assert got.shape == (slots, frames * stride, channels)
     assert torch.equal(got, want), (got - want).abs().max()
@@ -89,7 +90,7 @@ def test_channelwise_overlap_add_is_the_product_and_the_torch_ops(frames: int) -
     partial = _partial(slots, stride, channels, True, seed=6)
     kept = partial.clone()
     taps = x[:, :, None, :] * weight.t()  # the codec's product
-    want = overlap_add_reference(taps, kept, None)
+    want = seanet.overlap_add(taps, kept, None)
     got = channelwise_overlap_add(x, weight, partial, None)
     assert torch.equal(got, want), (got - want).abs().max()
     assert torch.equal(partial, kept)

@@ -298,40 +298,49 @@ class StreamingConvTranspose1d(Streaming):
 
     def forward(self, x: Tensor) -> Tensor:
         """x: [slots, in_channels, T] -> [slots, out_channels, T * stride]."""
-        slots, channels, frames = x.shape
         (stride,) = self.convtr.stride
         taps = self.convtr.weight.permute(0, 2, 1)  # [in, kernel, out / groups], contiguous
         inputs = x.transpose(1, 2)  # [slots, T, in]
-        if self.overlap_kernel and self.channels_last:
-            return self._overlap_kernel(inputs, taps)
-        if self.convtr.groups == 1:
-            products = (inputs @ taps.reshape(channels, -1)).view(slots, frames, 2 * stride, -1)
-        else:  # channel-wise
-            products = inputs[:, :, None, :] * taps[:, :, 0].t()
-        owed = products[:, :, stride:]  # [slots, T, stride, out]: the next frame's share
-        carried = torch.cat([self.partial.transpose(1, 2)[:, None], owed[:, :-1]], dim=1)
-        out = carried.add_(products[:, :, :stride])
-        if self.convtr.bias is not None:
-            out.add_(self.convtr.bias)
-        self.partial.transpose(1, 2).copy_(owed[:, -1])
-        out = out.view(slots, frames * stride, -1).transpose(1, 2)  # time-major
-        return out if self.channels_last else out.contiguous()
-
-    def _overlap_kernel(self, inputs: Tensor, taps: Tensor) -> Tensor:
-        """forward's overlap-add in one launch: inputs [slots, T, in], taps [in, kernel,
-        out / groups] -> [slots, out, T * stride], time-major."""
-        # imported here: triton is absent from CPU-only installs, which never take this path
-        from kernels.seanet_overlap import channelwise_overlap_add, overlap_add
-
-        slots, frames, channels = inputs.shape
         partial = self.partial.transpose(1, 2)  # [slots, stride, out], rows of channels
         bias = self.convtr.bias
-        if self.convtr.groups == 1:
-            products = (inputs @ taps.reshape(channels, -1)).view(slots, frames, taps.shape[1], -1)
-            out = overlap_add(products, partial, bias)
-        else:
-            out = channelwise_overlap_add(inputs, taps[:, :, 0], partial, bias)
-        return out.transpose(1, 2)
+        if self.overlap_kernel and self.channels_last:
+            # imported here: triton is absent from CPU-only installs, which never take this path
+            from kernels import seanet_overlap
+
+            if self.convtr.groups == 1:
+                out = seanet_overlap.overlap_add(_taps(inputs, taps, stride), partial, bias)
+            else:  # channel-wise: the product in the same launch
+                out = seanet_overlap.channelwise_overlap_add(inputs, taps[:, :, 0], partial, bias)
+        elif self.convtr.groups == 1:
+            out = overlap_add(_taps(inputs, taps, stride), partial, bias)
+        else:  # channel-wise
+            out = overlap_add(inputs[:, :, None, :] * taps[:, :, 0].t(), partial, bias)
+        out = out.transpose(1, 2)  # time-major
+        return out if self.channels_last else out.contiguous()
+
+
+def _taps(inputs: Tensor, taps: Tensor, stride: int) -> Tensor:
+    """The transposed convolution's GEMM: inputs [slots, T, in] @ taps [in, kernel, out] ->
+    [slots, T, 2 * stride, out]."""
+    slots, frames, channels = inputs.shape
+    return (inputs @ taps.reshape(channels, -1)).view(slots, frames, 2 * stride, -1)
+
+
+def overlap_add(taps: Tensor, partial: Tensor, bias: Tensor | None) -> Tensor:
+    """A transposed convolution's overlap-add in torch ops: taps [slots, T, 2 * stride, C],
+    partial [slots, stride, C] (what the last frame owed this one; replaced by what this
+    frame owes the next) -> out [slots, T * stride, C], out[s, t * stride + r] = (owed +
+    taps[s, t, r]) + bias, owed = taps[s, t - 1, stride + r] or partial[s, r] at t = 0
+    (kernels/seanet_overlap.py does it in one launch, to these ops' bits)."""
+    slots, frames, kernel, channels = taps.shape
+    stride = kernel // 2
+    owed = taps[:, :, stride:]  # [slots, T, stride, C]: the next frame's share
+    carried = torch.cat([partial[:, None], owed[:, :-1]], dim=1)
+    out = carried.add_(taps[:, :, :stride])
+    if bias is not None:
+        out.add_(bias)
+    partial.copy_(owed[:, -1])
+    return out.view(slots, frames * stride, channels)
 
 
 class ResnetBlock(nn.Module):
@@ -357,41 +366,42 @@ class ResnetBlock(nn.Module):
             nn.ELU(),
             StreamingConv1d(hidden, dim, 1, slots, device, channels_last=channels_last),
         )
-        self.channels_last = channels_last
         # the second ELU, the 1x1 convolution and the skip connection in one launch of
         # kernels/seanet_residual.py, channels-last only; off until timed on the GPU (that
         # module's docstring). Read at every call: set it before a graph is captured
         self.residual_kernel = False
 
     @property
+    def _pointwise(self) -> StreamingConv1d:
+        pointwise = self.block[3]
+        assert isinstance(pointwise, StreamingConv1d)
+        return pointwise
+
+    @property
     def fused_end(self) -> bool:
         """Whether the block ends in kernels/seanet_residual.py's one launch, which can also
         run an ELU after the skip (`forward`'s activate_output)."""
-        return self.residual_kernel and self.channels_last
+        return self.residual_kernel and self._pointwise.channels_last
 
     def forward(self, x: Tensor, activate_output: bool = False) -> Tensor:
-        """`activate_output`: the ELU after the block applied here (SeanetStack hands the
-        block an ELU that follows it, where the block ends in its fused launch)."""
+        """`activate_output` (a fused end only): the ELU after the block applied in its last
+        launch (SeanetStack hands the block an ELU that follows it)."""
         # block[0], the first ELU, runs inside the first convolution's window
         inner: Tensor = self.block[1](x, activate=True)
-        if self.fused_end:
-            # imported here: triton is absent from CPU-only installs, which never take this path
-            from kernels.seanet_residual import residual_conv
+        if not self.fused_end:
+            assert not activate_output, "the ELU after a block runs inside a fused end only"
+            update: Tensor = self._pointwise(self.block[2](inner))
+            return x + update
+        # imported here: triton is absent from CPU-only installs, which never take this path
+        from kernels.seanet_residual import residual_conv
 
-            pointwise = self.block[3]
-            assert isinstance(pointwise, StreamingConv1d)
-            conv = pointwise.conv
-            assert conv.bias is not None
-            out = residual_conv(
-                x.transpose(1, 2),
-                inner.transpose(1, 2),
-                conv.weight[:, :, 0],
-                conv.bias,
-                activate_output,
-            )
-            return out.transpose(1, 2)
-        update: Tensor = self.block[3](self.block[2](inner))
-        return functional.elu(x + update) if activate_output else x + update
+        conv = self._pointwise.conv
+        assert conv.bias is not None
+        out = residual_conv(
+            x.transpose(1, 2), inner.transpose(1, 2), conv.weight[:, :, 0], conv.bias,
+            activate_output,
+        )  # fmt: skip
+        return out.transpose(1, 2)
 
 
 class SeanetStack(nn.Module):
