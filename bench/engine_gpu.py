@@ -2,6 +2,7 @@
 
     python bench/engine_gpu.py --slots 1,8,32,64,128 --steps 60 --json OUT.json [--reference]
         [--kv-dtype bf16|fp8] [--full-rings] [--top-k [--torch-sampling]] [--torch-delays]
+        [--no-fused-glue]
 
 For each slot count N (= calls served in lockstep) it builds Cadence's Moshi (bf16, random
 weights, 2-minute KV context = 1500 frames) with N rows and measures, back to back:
@@ -73,6 +74,9 @@ GREEDY = Sampling(greedy=True, temperature=1.0, top_k=1)
 # the delay rings in two launches a step (kernels/token_delays.py, as served), for every
 # model build() makes; `--torch-delays`: TokenDelays' torch ops instead
 DELAY_KERNEL = True
+# Mimi's glue kernels and the temporal attention's RoPE + append in its launch, as served
+# (the engine's ModelOptions); `--no-fused-glue`: each in the launches of before
+FUSED_GLUE = True
 
 
 def build(
@@ -96,6 +100,8 @@ def build(
     lm.eval()
     mimi.eval()
     lm.delays.fused = None if DELAY_KERNEL else False  # --torch-delays: False
+    mimi.use_glue_kernels(FUSED_GLUE)
+    lm.transformer.append_in_attention(FUSED_GLUE)
     return MoshiModel(config, lm, mimi, slots, device, None)
 
 
@@ -244,12 +250,20 @@ def main() -> int:
         help="the token delay rings on TokenDelays' ~33 torch ops a step instead of "
         "kernels/token_delays.py's two launches",
     )
+    parser.add_argument(
+        "--no-fused-glue",
+        action="store_true",
+        help="Mimi's glue in torch's ops and the temporal RoPE + ring append in a launch of "
+        "their own, as before they were served (the engine's --no-mimi-glue-kernels "
+        "--no-rope-in-attention)",
+    )
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
     torch.backends.cuda.matmul.allow_tf32 = True
-    global DELAY_KERNEL
+    global DELAY_KERNEL, FUSED_GLUE
     DELAY_KERNEL = not args.torch_delays
+    FUSED_GLUE = not args.no_fused_glue
     dependent_launch.ENABLED = not args.no_pdl
     sampling.KERNEL = not args.torch_sampling
     how = (TEXT_DEFAULT, AUDIO_DEFAULT) if args.top_k else (GREEDY, GREEDY)
@@ -265,6 +279,7 @@ def main() -> int:
         "sampling": "top-k" if args.top_k else "greedy",
         "sampling_kernel": sampling.KERNEL,
         "delay_kernel": DELAY_KERNEL,
+        "fused_glue": FUSED_GLUE,
         "cadence": [],
         "reference": [],
     }

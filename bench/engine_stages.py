@@ -31,10 +31,10 @@ against PDL everywhere (`_pdl_all`); `blas`, torch's default BLAS library choice
 windows in one launch (`_window`, kernels/seanet_window.py) against torch's ops
 (`_no_window`); `glue`, Mimi's glue kernels (`_glue`, MimiCodec.use_glue_kernels: the
 transposed convolutions' overlap-add, the residual blocks' end and the transformers' RoPE
-tables, one launch each) against torch's ops (`_no_glue`, as served); `append`, the
-temporal attention's RoPE + ring append inside its launch (`_append`,
+tables, one launch each; as served) against torch's ops (`_no_glue`); `append`, the
+temporal attention's RoPE + ring append inside its launch (`_append`, as served;
 RingAttention.append_in_attention, kernels/rope_attention.py) against the two launches
-(`_no_append`, as served); `cudnn`, cuDNN's
+(`_no_append`); `cudnn`, cuDNN's
 convolution algorithms timed and chosen per shape at the first call (`_cudnn_benchmark`,
 torch.backends.cudnn.benchmark) against its heuristics (`_cudnn_heuristics`, as served).
 Each knob is set back as served after its experiment. (An arm `prefetch`, for the ring
@@ -110,8 +110,8 @@ def serve(mimi: MimiCodec, lm: MoshiLm) -> None:
     torch.backends.cudnn.benchmark = SERVED_CUDNN_BENCHMARK
     for module in convolutions(mimi):
         module.window_kernel = None
-    mimi.use_glue_kernels(False)
-    lm.transformer.append_in_attention(False)
+    mimi.use_glue_kernels(True)
+    lm.transformer.append_in_attention(True)
 
 
 def experiments(slots: int, mimi: MimiCodec, lm: MoshiLm, names: list[str]) -> list[Arms]:

@@ -24,12 +24,12 @@
 #   tests compiled first;
 # delays: the token delay rings in two launches a step (kernels/token_delays.py), its test
 #   compiled, then the step back to back with and without it, alternated;
-# glue: Mimi's glue kernels and the temporal attention's append in its launch (neither served
-#   yet) compiled against what they replace, then Mimi's stages with and without the glue
-#   kernels (bench/engine_stages.py --ab glue);
+# glue: Mimi's glue kernels and the temporal attention's append in its launch compiled against
+#   what they replace, then Mimi's stages with and without the glue kernels
+#   (bench/engine_stages.py --ab glue);
 # append: the temporal stage with and without the append in the attention (--ab append);
-# clock: the 1-call tick on the clock as served and with `--mimi-glue-kernels`,
-#   `--rope-in-attention` and both, alternated twice (ROUNDS=n: n times);
+# clock: the 1-call tick on the clock as served and with `--no-mimi-glue-kernels`,
+#   `--no-rope-in-attention` and both, alternated twice (ROUNDS=n: n times);
 # verify: the GPU tests alone (the engine's, the doorbell's, then every kernel test compiled,
 #   spread over 8 workers with pytest-xdist) and where the 1-call tick goes kernel by kernel
 #   (bench/tick_kernels.py) and in Mimi (bench/mimi_gpu.py's costliest kernels).
@@ -114,7 +114,7 @@ if [[ $section == verify ]]; then
         2>&1 | tail -2 | cut -c1-300
 fi
 if [[ $section == glue ]]; then
-    # the kernels built but not served yet, compiled against what they replace: Mimi's glue
+    # the kernels served since 2026-12-07, compiled against what they replace: Mimi's glue
     # kernels (MimiCodec.use_glue_kernels; also in the codec's CUDA-graph test) and the
     # temporal attention's RoPE + append inside its launch (kernels/rope_attention.py; also in
     # the tiny LM and the whole model's graph test), spread over 8 workers
@@ -131,11 +131,12 @@ if [[ $section == append ]]; then
         --json "$out/engine_stages_append.json" 2>&1 | tail -2 | cut -c1-400
 fi
 if [[ $section == clock ]]; then
-    # the whole 1-call tick on the 80 ms clock as served, with Mimi's glue kernels, with the
-    # append in the attention, and with both, twice in turn
+    # the whole 1-call tick on the 80 ms clock as served, without Mimi's glue kernels,
+    # without the append in the attention, and without both, twice in turn
     for round in $(seq "${ROUNDS:-2}"); do
-        for run in "served:" "glue:--mimi-glue-kernels" "append:--rope-in-attention" \
-            "both:--mimi-glue-kernels --rope-in-attention"; do
+        for run in "served:" "no_glue:--no-mimi-glue-kernels" \
+            "no_append:--no-rope-in-attention" \
+            "neither:--no-mimi-glue-kernels --no-rope-in-attention"; do
             # shellcheck disable=SC2086 # the flags after the colon are a list
             timeout 90 "${engine[@]}" --kv-dtype bf16 --slots 1 --seconds 15 ${run#*:} \
                 --json "$out/bench_engine_bf16_1_${run%%:*}_$round.json" 2>&1 | tail -1

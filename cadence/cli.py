@@ -83,17 +83,20 @@ def _engine_options(p: argparse.ArgumentParser) -> None:
         "on Hopper and newer GPUs: a kernel starts while the one before finishes)",
     )
     m.add_argument(
-        "--mimi-glue-kernels",
-        action="store_true",
-        help="Mimi's glue kernels on (CUDA): a transposed convolution's overlap-add, a "
-        "residual block's end and a transformer step's RoPE tables, one Triton launch each; "
-        "off by default until timed on a GPU (docs/gpu-log.md)",
+        "--no-mimi-glue-kernels",
+        dest="mimi_glue_kernels",
+        action="store_false",
+        help="run Mimi's glue in torch's ops instead of its Triton kernels (on by default on "
+        "CUDA: a transposed convolution's overlap-add, a residual block's end and a "
+        "transformer step's RoPE tables, one launch each; docs/gpu-log.md)",
     )
     m.add_argument(
-        "--rope-in-attention",
-        action="store_true",
-        help="the temporal attention's RoPE and ring append inside its launch (CUDA, bf16 "
-        "rings; kernels/rope_attention.py); off by default until timed on a GPU",
+        "--no-rope-in-attention",
+        dest="rope_in_attention",
+        action="store_false",
+        help="run the temporal attention's RoPE and ring append in a launch of their own "
+        "(kernels/kv_append.py) instead of inside the attention's (kernels/rope_attention.py; "
+        "on by default on CUDA with bf16 rings)",
     )
     m.add_argument("--voice-prompt", type=Path, help="PersonaPlex: WAV of the voice to speak with")
     m.add_argument("--text-prompt", help="PersonaPlex: the role text (needs the tokenizer)")
@@ -217,8 +220,8 @@ def _engine_argv(a: argparse.Namespace) -> list[str]:
         *(["--greedy"] if a.greedy else []),
         f"--kv-dtype={a.kv_dtype}",
         *([] if a.dependent_launch else ["--no-dependent-launch"]),
-        *(["--mimi-glue-kernels"] if a.mimi_glue_kernels else []),
-        *(["--rope-in-attention"] if a.rope_in_attention else []),
+        *([] if a.mimi_glue_kernels else ["--no-mimi-glue-kernels"]),
+        *([] if a.rope_in_attention else ["--no-rope-in-attention"]),
         *([f"--voice-prompt={a.voice_prompt}"] if a.voice_prompt else []),
         *([f"--text-prompt={a.text_prompt}"] if a.text_prompt else []),
     ]

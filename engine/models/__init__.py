@@ -28,11 +28,11 @@ class ModelOptions:
     kv_dtype: str = "bf16"  # temporal KV rings: bf16 (the model's dtype) | fp8 (e4m3 + scales)
     # Triton kernels with programmatic dependent launch on Hopper+ (kernels/dependent_launch.py)
     dependent_launch: bool = True
-    # Mimi's glue kernels (MimiCodec.use_glue_kernels), CUDA only; off until timed on a GPU
-    mimi_glue_kernels: bool = False
+    # Mimi's glue kernels (MimiCodec.use_glue_kernels); on CUDA only
+    mimi_glue_kernels: bool = True
     # the temporal attention's RoPE + ring append in its launch (RingAttention.
-    # append_in_attention), CUDA only; off until timed on a GPU
-    rope_in_attention: bool = False
+    # append_in_attention); on CUDA only, bf16 rings (fp8 ones keep their append launch)
+    rope_in_attention: bool = True
 
     def check(self, model: str) -> None:
         if model == "moshi" and (self.checkpoint is None) == (self.random_weights is None):
@@ -47,12 +47,6 @@ class ModelOptions:
             raise ValueError(f"--kv-dtype {self.kv_dtype} is for --model moshi (it has KV rings)")
         if not DEVICE.fullmatch(self.device):
             raise ValueError(f"unknown device {self.device!r}; choose cpu, cuda or cuda:N")
-        for flag, on in (
-            ("--mimi-glue-kernels", self.mimi_glue_kernels),
-            ("--rope-in-attention", self.rope_in_attention),
-        ):
-            if on and (model != "moshi" or not self.device.startswith("cuda")):
-                raise ValueError(f"{flag} is for --model moshi on --device cuda")
         if self.cpu_threads < 1:
             raise ValueError(f"--cpu-threads must be at least 1, got {self.cpu_threads}")
 
@@ -104,9 +98,11 @@ def build_model(name: str, slots: int, options: ModelOptions | None = None) -> M
             sampling_seed=options.seed,
             kv_dtype=torch.float8_e4m3fn if options.kv_dtype == "fp8" else None,
         )
-        # set before the executor captures its graph
-        model.mimi.use_glue_kernels(options.mimi_glue_kernels)
-        model.lm.transformer.append_in_attention(options.rope_in_attention)
+        # set before the executor captures its graph; Triton kernels, so CUDA only
+        model.mimi.use_glue_kernels(options.mimi_glue_kernels and device.type == "cuda")
+        model.lm.transformer.append_in_attention(
+            options.rope_in_attention and device.type == "cuda"
+        )
         if options.voice_prompt is not None or options.text_prompt is not None:
             from engine.infer import read_wav, resample
 

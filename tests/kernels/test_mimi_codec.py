@@ -106,7 +106,7 @@ def test_fused_codec_in_cuda_graphs_matches_eager_on_gpu(
     tf32: bool, slots: int, glue: bool
 ) -> None:
     """Moshi's Mimi, 1 or 4 slots, 5 s (63 frames), the fused stages captured in CUDA graphs;
-    `glue`: with the glue kernels (MimiCodec.use_glue_kernels; not yet run on a GPU).
+    `glue`: with the glue kernels (MimiCodec.use_glue_kernels, as the engine serves it on CUDA).
 
     With full-fp32 convolutions in both paths only the kernels' rounding differs: codes equal
     in >= 99.9% and the audio decoded from the same codes within AUDIO_TOLERANCE.

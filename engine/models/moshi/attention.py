@@ -205,8 +205,9 @@ class RingAttention(nn.Module):
             freqs = rope_frequencies(dim // num_heads, max_period, device)
         self.register_buffer("rope_freqs", freqs, False)
         # decode's RoPE, ring append and attention in one launch of kernels/rope_attention.py
-        # (rings in the model's dtype, with RoPE); off until timed on the GPU (that module's
-        # docstring). Read at every call: set it before a graph is captured
+        # (rings in the model's dtype, with RoPE); off in a model built alone, on in the
+        # engine on CUDA (ModelOptions.rope_in_attention). Read at every call: set it before
+        # a graph is captured
         self.append_in_attention = False
 
     def forward(

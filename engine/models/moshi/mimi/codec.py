@@ -130,9 +130,9 @@ class MimiCodec(nn.Module):
         several for, each as one Triton launch, or not: a transposed convolution's
         overlap-add (kernels/seanet_overlap.py), a residual block's ELU + 1x1 convolution +
         skip (kernels/seanet_residual.py) and a transformer step's RoPE tables with its
-        positions moved on (kernels/mimi_rope.py); channels-last codecs only. Off by
-        default: not yet timed on the GPU (bench/engine_stages.py --ab glue; the engine's
-        --mimi-glue-kernels). Set it before a graph is captured."""
+        positions moved on (kernels/mimi_rope.py); channels-last codecs only. Off in a
+        codec built alone; the engine turns them on on CUDA (ModelOptions.mimi_glue_kernels,
+        off with --no-mimi-glue-kernels). Set it before a graph is captured."""
         for module in self.modules():
             if isinstance(module, StreamingConvTranspose1d):
                 module.overlap_kernel = on

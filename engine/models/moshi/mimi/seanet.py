@@ -280,9 +280,8 @@ class StreamingConvTranspose1d(Streaming):
         self.convtr.weight.data = weight.permute(0, 2, 1).contiguous().permute(0, 2, 1)
         self.channels_last = channels_last
         # the overlap-add (owed share, taps, bias, new partial; channel-wise also the
-        # product) in one launch of kernels/seanet_overlap.py, channels-last only; off until
-        # timed on the GPU (that module's docstring). Read at every call: set it before a
-        # graph is captured
+        # product) in one launch of kernels/seanet_overlap.py, channels-last only; switched
+        # by MimiCodec.use_glue_kernels. Read at every call: set it before a graph is captured
         self.overlap_kernel = False
         self.partial: Tensor  # [slots, out, stride], stored time-major
         partial = torch.zeros(slots, stride, out_channels, device=device).transpose(1, 2)
@@ -367,8 +366,8 @@ class ResnetBlock(nn.Module):
             StreamingConv1d(hidden, dim, 1, slots, device, channels_last=channels_last),
         )
         # the second ELU, the 1x1 convolution and the skip connection in one launch of
-        # kernels/seanet_residual.py, channels-last only; off until timed on the GPU (that
-        # module's docstring). Read at every call: set it before a graph is captured
+        # kernels/seanet_residual.py, channels-last only; switched by
+        # MimiCodec.use_glue_kernels. Read at every call: set it before a graph is captured
         self.residual_kernel = False
 
     @property

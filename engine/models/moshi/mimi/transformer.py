@@ -130,9 +130,8 @@ class MimiTransformer(Streaming):
         self.context = context
         self.fused = fused
         self.few_rows = FEW_ROWS
-        # the fused path's RoPE tables in one launch of kernels/mimi_rope.py; off until timed
-        # on the GPU (that module's docstring). Read at every call: set it before a graph is
-        # captured
+        # the fused path's RoPE tables in one launch of kernels/mimi_rope.py; switched by
+        # MimiCodec.use_glue_kernels. Read at every call: set it before a graph is captured
         self.rope_kernel = False
         self.layers = nn.ModuleList(
             MimiLayer(dim, num_heads, ffn, max_period, device) for _ in range(num_layers)

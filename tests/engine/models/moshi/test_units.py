@@ -73,9 +73,9 @@ def test_personaplex_prompt_frames_layout() -> None:
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 @pytest.mark.parametrize("on", [False, True])
-def test_the_engine_options_switch_the_held_off_kernels(on: bool) -> None:
-    """--mimi-glue-kernels reaches the codec, --rope-in-attention the temporal attention
-    (ModelOptions -> build_model), both off by default."""
+def test_the_engine_options_switch_the_fused_kernels(on: bool) -> None:
+    """--no-mimi-glue-kernels reaches the codec, --no-rope-in-attention the temporal
+    attention (ModelOptions -> build_model)."""
     from engine.models import ModelOptions, build_model
     from engine.models.moshi.attention import RingAttention
     from engine.models.moshi.mimi.transformer import MimiTransformer
@@ -96,3 +96,31 @@ def test_the_engine_options_switch_the_held_off_kernels(on: bool) -> None:
     attentions = [m for m in model.lm.transformer.modules() if isinstance(m, RingAttention)]
     assert attentions
     assert all(a.append_in_attention is on for a in attentions)
+
+
+def test_the_fused_kernels_stay_off_on_a_cpu() -> None:
+    """The Triton kernels on by default (ModelOptions) are left off where there is no CUDA:
+    a CPU install has no triton."""
+    from engine.models import ModelOptions, build_model
+    from engine.models.moshi.attention import RingAttention
+    from engine.models.moshi.mimi.seanet import ResnetBlock, StreamingConvTranspose1d
+    from engine.models.moshi.mimi.transformer import MimiTransformer
+    from engine.models.moshi.model import MoshiModel
+
+    options = ModelOptions(config="tiny", random_weights=0)
+    assert options.mimi_glue_kernels
+    assert options.rope_in_attention
+    model = build_model("moshi", 1, options)
+    assert isinstance(model, MoshiModel)
+    switches = [
+        *(m.rope_kernel for m in model.mimi.modules() if isinstance(m, MimiTransformer)),
+        *(
+            m.overlap_kernel
+            for m in model.mimi.modules()
+            if isinstance(m, StreamingConvTranspose1d)
+        ),
+        *(m.residual_kernel for m in model.mimi.modules() if isinstance(m, ResnetBlock)),
+        *(m.append_in_attention for m in model.lm.modules() if isinstance(m, RingAttention)),
+    ]
+    assert switches
+    assert not any(switches)
