@@ -5,7 +5,8 @@
 For each slot count it builds Moshi's Mimi (fp32, seeded random weights) three times on the
 same weights: `fused=False` (the eager path, as it was before the kernels, time-last SEANet
 layout), `fused=True` with the time-last layout (`time_last`) and `fused=True` with the
-default channels-last layout (mimi/seanet.py); where the transformers' products take the
+default channels-last layout (mimi/seanet.py) with the glue kernels, as the engine serves it;
+where the transformers' products take the
 few-rows kernel (slots * 2 <= mimi/transformer.py's FEW_ROWS), a fourth time with them on
 cuBLAS (`fused_cublas_products`). Matmuls run in TF32 as the engine runs them. It measures
 `encode` (pcm [slots, 1920] -> codes [slots, 8]) and `decode` (codes -> pcm) exactly as
@@ -135,6 +136,7 @@ def measure(slots: int, profile: bool) -> dict[str, Any]:
     randomize(eager, 2)
     fused = MimiCodec(config, slots, device, fused=True)
     fused.load_state_dict(eager.state_dict())
+    fused.use_glue_kernels(True)  # as the engine serves it on CUDA
     time_last = MimiCodec(config, slots, device, fused=True, channels_last=False)
     time_last.load_state_dict(eager.state_dict())
     paths = {"eager": eager, "time_last": time_last, "fused": fused}
@@ -143,6 +145,7 @@ def measure(slots: int, profile: bool) -> dict[str, Any]:
         # the few-rows kernel (mimi/transformer.py)
         cublas = MimiCodec(config, slots, device, fused=True)
         cublas.load_state_dict(eager.state_dict())
+        cublas.use_glue_kernels(True)
         for transformer in (cublas.encoder_transformer, cublas.decoder_transformer):
             transformer.few_rows = 0
         paths["fused_cublas_products"] = cublas
