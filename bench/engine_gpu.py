@@ -52,6 +52,7 @@ from gpu_timing import count_kernels, machine  # bench/, this folder
 
 from engine.executors.eager import EagerExecutor
 from engine.executors.graph import GraphExecutor
+from engine.models import ModelOptions
 from engine.models.moshi import sampling
 from engine.models.moshi.config import MoshiConfig, moshiko
 from engine.models.moshi.lm import MoshiLm
@@ -74,8 +75,9 @@ GREEDY = Sampling(greedy=True, temperature=1.0, top_k=1)
 # the delay rings in two launches a step (kernels/token_delays.py, as served), for every
 # model build() makes; `--torch-delays`: TokenDelays' torch ops instead
 DELAY_KERNEL = True
-# Mimi's glue kernels and the temporal attention's RoPE + append in its launch, as served
-# (the engine's ModelOptions); `--no-fused-glue`: each in the launches of before
+# Mimi's glue kernels and the temporal attention's RoPE + append in its launch, as the
+# engine serves them on CUDA; `--no-fused-glue`: each in the launches of before
+SERVED = ModelOptions()
 FUSED_GLUE = True
 
 
@@ -100,8 +102,8 @@ def build(
     lm.eval()
     mimi.eval()
     lm.delays.fused = None if DELAY_KERNEL else False  # --torch-delays: False
-    mimi.use_glue_kernels(FUSED_GLUE)
-    lm.transformer.append_in_attention(FUSED_GLUE)
+    mimi.use_glue_kernels(FUSED_GLUE and SERVED.mimi_glue_kernels)
+    lm.transformer.append_in_attention(FUSED_GLUE and SERVED.rope_in_attention)
     return MoshiModel(config, lm, mimi, slots, device, None)
 
 

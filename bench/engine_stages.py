@@ -63,6 +63,7 @@ import torch
 from gpu_timing import count_kernels, machine, replay_ms, summary  # bench/, this folder
 
 import kernels.fused_linear as fused_linear_module
+from engine.models import ModelOptions
 from engine.models.moshi.config import moshiko
 from engine.models.moshi.depformer import FEW_ROWS
 from engine.models.moshi.lm import MoshiLm
@@ -110,8 +111,9 @@ def serve(mimi: MimiCodec, lm: MoshiLm) -> None:
     torch.backends.cudnn.benchmark = SERVED_CUDNN_BENCHMARK
     for module in convolutions(mimi):
         module.window_kernel = None
-    mimi.use_glue_kernels(True)
-    lm.transformer.append_in_attention(True)
+    served = ModelOptions()  # the engine's choices on CUDA
+    mimi.use_glue_kernels(served.mimi_glue_kernels)
+    lm.transformer.append_in_attention(served.rope_in_attention)
 
 
 def experiments(slots: int, mimi: MimiCodec, lm: MoshiLm, names: list[str]) -> list[Arms]:

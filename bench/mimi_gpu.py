@@ -42,6 +42,7 @@ import torch
 from gpu_timing import count_kernels, machine, ranked, replay_ms, summary
 
 import kernels.mimi_transformer as step_kernel
+from engine.models import ModelOptions
 from engine.models.moshi.config import moshiko
 from engine.models.moshi.mimi.codec import MimiCodec
 from engine.models.moshi.mimi.transformer import FEW_ROWS
@@ -136,7 +137,8 @@ def measure(slots: int, profile: bool) -> dict[str, Any]:
     randomize(eager, 2)
     fused = MimiCodec(config, slots, device, fused=True)
     fused.load_state_dict(eager.state_dict())
-    fused.use_glue_kernels(True)  # as the engine serves it on CUDA
+    glue = ModelOptions().mimi_glue_kernels  # as the engine serves it on CUDA
+    fused.use_glue_kernels(glue)
     time_last = MimiCodec(config, slots, device, fused=True, channels_last=False)
     time_last.load_state_dict(eager.state_dict())
     paths = {"eager": eager, "time_last": time_last, "fused": fused}
@@ -145,7 +147,7 @@ def measure(slots: int, profile: bool) -> dict[str, Any]:
         # the few-rows kernel (mimi/transformer.py)
         cublas = MimiCodec(config, slots, device, fused=True)
         cublas.load_state_dict(eager.state_dict())
-        cublas.use_glue_kernels(True)
+        cublas.use_glue_kernels(glue)
         for transformer in (cublas.encoder_transformer, cublas.decoder_transformer):
             transformer.few_rows = 0
         paths["fused_cublas_products"] = cublas

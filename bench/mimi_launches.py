@@ -1,6 +1,6 @@
 """How many launches a Mimi tick makes, counted on the CPU: the torch ops that launch a kernel
-on CUDA and the Triton launches, per stage, as served and with the glue kernels
-(MimiCodec.use_glue_kernels).
+on CUDA and the Triton launches, per stage, with Mimi's glue in torch's ops (`torch_glue`)
+and in its Triton kernels (`glue_kernels`, MimiCodec.use_glue_kernels; as served on CUDA).
 
     python3 bench/mimi_launches.py [--json OUT.json]
 
@@ -140,11 +140,8 @@ def main() -> int:
     with torch.no_grad():
         for stage in stages.values():  # a first step: lazy state settles
             stage()
-        for name, glue in (("served", False), ("glue", True)):
-            if hasattr(codec, "use_glue_kernels"):
-                codec.use_glue_kernels(glue)
-            elif glue:
-                continue  # a tree before the glue kernels
+        for name, glue in (("torch_glue", False), ("glue_kernels", True)):
+            codec.use_glue_kernels(glue)
             result[name] = count(stages)
             print(
                 name, {stage: row["torch"] + row["triton"] for stage, row in result[name].items()}

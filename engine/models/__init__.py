@@ -99,10 +99,9 @@ def build_model(name: str, slots: int, options: ModelOptions | None = None) -> M
             kv_dtype=torch.float8_e4m3fn if options.kv_dtype == "fp8" else None,
         )
         # set before the executor captures its graph; Triton kernels, so CUDA only
-        model.mimi.use_glue_kernels(options.mimi_glue_kernels and device.type == "cuda")
-        model.lm.transformer.append_in_attention(
-            options.rope_in_attention and device.type == "cuda"
-        )
+        cuda = device.type == "cuda"
+        model.mimi.use_glue_kernels(options.mimi_glue_kernels and cuda)
+        model.lm.transformer.append_in_attention(options.rope_in_attention and cuda)
         if options.voice_prompt is not None or options.text_prompt is not None:
             from engine.infer import read_wav, resample
 
