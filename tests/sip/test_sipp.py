@@ -30,6 +30,7 @@ CODECS = {"PCMU": "0", "PCMA": "8"}
 CONCURRENT = 50
 MIN_CORRELATION = 0.95  # echo vs sent, sub-sample aligned: G.711 twice and two resamplers
 RTP_TIMEOUT_S = 3.0
+RING_S = 0.3  # admitted (a slot and a call record), then 180 Ringing this long before 200 OK
 
 
 @pytest.fixture(scope="module")
@@ -41,7 +42,7 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Served, i
         "--slots=56",
         f"--sip-port={sip_port}",
         "--rtp-ports=41000-41999",
-        "--sip-ring-ms=300",
+        f"--sip-ring-ms={round(RING_S * 1000)}",
         f"--rtp-timeout-s={RTP_TIMEOUT_S}",
     )
     yield served, sip_port
@@ -253,7 +254,9 @@ def test_fifty_concurrent_calls_meet_every_deadline(
         _, health = server.get("/healthz")  # cheap: GET /v1/calls would cost the pump CPU
         peak = max(peak, health["calls"])
         if peak == CONCURRENT and not snapshot:
-            time.sleep(1.0)  # one look at every call's record, a second into full load
+            # one look at every call's record once the newest has rung and had a second of
+            # media: counted from admission alone, its window is 0.7 s, less the server's delay
+            time.sleep(RING_S + 1.0)
             snapshot = server.get("/v1/calls")[1]["calls"]
         time.sleep(0.2)
     assert sipp.wait(60) == 0, sipp.errors()
