@@ -4,7 +4,8 @@ Requests and replies, one JSON object per line:
 
     {"op": "hello"}                         -> {"ok": true, "ring": NAME, "slots": S, ...}
     {"op": "open", "call_id": ID}           -> {"ok": true, "slot": S, "generation": G}
-                                               | {"ok": false, "reason": "full" | "draining"}
+                                               | {"ok": false, "reason":
+                                                  "full" | "draining" | "starting"}
     {"op": "close", "slot": S, "generation": G}  -> {"ok": true, "closed": bool}
     {"op": "status"}                        -> {"ok": true, "state": ..., "calls": [...], ...}
     {"op": "stall", "seconds": S}           -> {"ok": true} | {"ok": false, "reason":
