@@ -56,7 +56,10 @@ class JitterConfig:
 
     def __post_init__(self) -> None:
         if not 0 < self.min_delay_s <= self.max_delay_s:
-            raise ValueError("need 0 < min_delay_s <= max_delay_s")
+            raise ValueError(
+                "the jitter buffer's target delay needs 0 < min <= max, got min "
+                f"{self.min_delay_s * 1000:g} ms and max {self.max_delay_s * 1000:g} ms"
+            )
         if self.clock_rate <= 0 or self.packet_samples <= 0:
             raise ValueError("clock rate and packet samples must be positive")
 
