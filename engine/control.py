@@ -4,6 +4,7 @@ Requests and replies, one JSON object per line:
 
     {"op": "hello"}                         -> {"ok": true, "ring": NAME, "slots": S, ...}
     {"op": "open", "call_id": ID}           -> {"ok": true, "slot": S, "generation": G}
+                                               (ID: 1-64 printable ASCII characters, no spaces)
                                                | {"ok": false, "reason":
                                                   "full" | "draining" | "starting"}
     {"op": "close", "slot": S, "generation": G}  -> {"ok": true, "closed": bool}
@@ -28,6 +29,7 @@ engine was started with --test-hooks.
 
 import json
 import logging
+import re
 import selectors
 import socket
 import threading
@@ -41,6 +43,9 @@ log = logging.getLogger(__name__)
 
 MAX_LINE_BYTES = 64 * 1024
 MAX_PENDING_BYTES = 16 * 1024 * 1024  # unread replies one connection may hold
+ACCEPT_BACKOFF_S = 0.1  # after accept() fails (no file descriptors left, say): retry this late
+# a call id travels into metric exemplars (128 characters at most, name included) and logs
+CALL_ID = re.compile(r"[!-~]{1,64}")  # printable ASCII, no spaces
 
 StatusFn = Callable[[], dict[str, Any]]
 MAX_STALL_S = 5.0  # below the step watchdog's default limit (10 s): a stall is a miss, not a hang
@@ -122,6 +127,10 @@ class ControlServer:
             conn, _ = self._listener.accept()
         except BlockingIOError:
             return
+        except OSError as exc:  # EMFILE, ENOBUFS...: the connection waits in the backlog
+            log.warning("control socket cannot accept a connection now: %s", exc)
+            self._stop.wait(ACCEPT_BACKOFF_S)
+            return
         conn.setblocking(False)
         self._buffers[conn.fileno()] = bytearray()
         self._pending[conn.fileno()] = bytearray()
@@ -193,7 +202,7 @@ class ControlServer:
             if op == "status":
                 return {"ok": True, **self._status()}
             if op == "open":
-                return self._open(str(request["call_id"]), owner)
+                return self._open(_call_id(request["call_id"]), owner)
             if op == "close":
                 slot, generation = int(request["slot"]), int(request["generation"])
                 closed = self._table.close(slot, generation)
@@ -234,6 +243,12 @@ class ControlServer:
             return {"ok": False, "reason": refused.reason}
         self._observer.opened(call_id, admission)
         return {"ok": True, "slot": admission.slot, "generation": admission.generation}
+
+
+def _call_id(value: object) -> str:
+    if not isinstance(value, str) or CALL_ID.fullmatch(value) is None:
+        raise ValueError("call_id must be 1 to 64 printable ASCII characters without spaces")
+    return value
 
 
 class ControlError(ConnectionError):

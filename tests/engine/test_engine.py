@@ -1,6 +1,9 @@
 """The engine's pure parts and one real tick over a real ring and control socket."""
 
+import contextlib
 import json
+import os
+import resource
 import signal
 import socket
 import subprocess
@@ -15,7 +18,7 @@ import pytest
 
 from engine.clock import TickClock, sleep_until
 from engine.config import EngineConfig
-from engine.control import ControlServer, ask
+from engine.control import ControlServer, ask, ask_once
 from engine.engine import REHEARSAL_NS, Engine
 from engine.executors import Executor, build_executor
 from engine.executors.eager import EagerExecutor
@@ -668,6 +671,11 @@ def test_a_gateway_that_goes_away_frees_its_slots(
         b'{"op": "open"}',
         b"\xff\xfe not json",
         b'"just a string"',
+        # call ids go into metric exemplars (at most 128 characters) and logs
+        b'{"op": "open", "call_id": "' + b"x" * 65 + b'"}',
+        b'{"op": "open", "call_id": "\\ud800"}',  # a lone surrogate: no UTF-8 for a scrape
+        b'{"op": "open", "call_id": "two words"}',
+        b'{"op": "open", "call_id": 7}',
     ],
 )
 def test_a_malformed_request_is_answered_and_the_socket_keeps_admitting(
@@ -685,6 +693,30 @@ def test_a_malformed_request_is_answered_and_the_socket_keeps_admitting(
             reply += chunk
         assert json.loads(reply)["reason"] == "bad_request"
         assert ask(sock, {"op": "open", "call_id": "after"})["ok"] is True
+
+
+def test_a_failed_accept_leaves_the_socket_admitting_once_descriptors_free_up(
+    rig: tuple[Engine, ControlServer, Path],
+) -> None:
+    _, _, path = rig
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    held: list[socket.socket] = []
+    waiting = socket.socket(socket.AF_UNIX)
+    waiting.settimeout(5.0)
+    try:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (len(os.listdir("/proc/self/fd")) + 8, hard))
+        with contextlib.suppress(OSError):  # EMFILE: the process has no descriptor left
+            while True:
+                held.append(socket.socket(socket.AF_UNIX))
+        waiting.connect(str(path))  # in the backlog; the engine's accept() fails with EMFILE
+        time.sleep(0.3)
+    finally:
+        for sock in held:
+            sock.close()
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+    with waiting:
+        assert ask(waiting, {"op": "open", "call_id": "waited"})["ok"] is True
+    assert ask_once(path, {"op": "status"})["ok"] is True
 
 
 def test_an_engine_that_is_not_ticking_yet_refuses_calls() -> None:
