@@ -280,6 +280,12 @@ class Engine:
         call_id = self._call_ids[int(rows[0])] if rows.size else ""
         return {"call_id": call_id} if call_id else None
 
+    def drain(self) -> None:
+        """Refuse new calls from now on (`draining`), the stop on its way: called from the
+        signal handler, so a call admitted while the last tick runs out is not cut at once."""
+        self.table.draining = True
+        self.ring.set_engine_state(EngineState.DRAINING)
+
     def age(self) -> None:
         """Test hook (control thread): before the next step, age every live call's context to
         full (see AgeableModel; behind a step already armed, so from the step after it);

@@ -31,11 +31,14 @@ def run_engine(config: EngineConfig) -> int:
     disable_created_metrics()  # type: ignore[no-untyped-call]  # _created series: clutter
     stop = threading.Event()
     loading = True  # until the model and executor are built: a signal interrupts the load
+    engine: Engine | None = None  # once built: a signal refuses calls from that instant
 
     def on_signal(signum: int, frame: FrameType | None) -> None:
         nonlocal loading
         log.info("engine got %s: stopping", signal.Signals(signum).name)
         stop.set()
+        if engine is not None:
+            engine.drain()
         if loading:  # nothing is created yet: end the load here (a 7B load takes minutes)
             loading = False  # a second signal only sets the event
             raise _StoppedLoading
@@ -91,8 +94,7 @@ def run_engine(config: EngineConfig) -> int:
         control = ControlServer(config.control_path, table, hello, engine.status, engine, hooks)
         control.start()
         engine.run(stop)
-        ring.set_engine_state(EngineState.DRAINING)
-        table.draining = True
+        engine.drain()  # a signal drained it already; a stop in the warm-up did not
     finally:
         if control is not None:
             control.stop()

@@ -45,10 +45,30 @@ class ModelOptions:
             raise ValueError(f"unknown KV dtype {self.kv_dtype!r}; choose bf16 or fp8")
         if model != "moshi" and self.kv_dtype != "bf16":
             raise ValueError(f"--kv-dtype {self.kv_dtype} is for --model moshi (it has KV rings)")
+        if model != "moshi" and (moshi_only := self._moshi_only_choices()):
+            raise ValueError(
+                f"{', '.join(moshi_only)} {'is' if len(moshi_only) == 1 else 'are'} for "
+                f"--model moshi; --model {model} takes no "
+                "weights, device or prompt (add --model moshi to serve Moshi)"
+            )
         if not DEVICE.fullmatch(self.device):
             raise ValueError(f"unknown device {self.device!r}; choose cpu, cuda or cuda:N")
         if self.cpu_threads < 1:
             raise ValueError(f"--cpu-threads must be at least 1, got {self.cpu_threads}")
+
+    def _moshi_only_choices(self) -> list[str]:
+        """The options given that only a neural model uses, as their flags."""
+        defaults = ModelOptions()
+        flags = {
+            "--checkpoint": self.checkpoint is not None,
+            "--random-weights": self.random_weights is not None,
+            "--config": self.config != defaults.config,
+            "--device": self.device != defaults.device,
+            "--dtype": self.dtype is not None,
+            "--voice-prompt": self.voice_prompt is not None,
+            "--text-prompt": self.text_prompt is not None,
+        }
+        return [flag for flag, given in flags.items() if given]
 
 
 def build_model(name: str, slots: int, options: ModelOptions | None = None) -> Model:

@@ -616,6 +616,55 @@ def test_a_stop_while_the_model_loads_ends_the_engine_cleanly(
     assert not control.exists()
 
 
+# `cadence engine` whose last armed step takes 3 s to run out after the loop ends
+SLOW_RUN_OUT = (
+    "import sys, time\n"
+    "import engine.engine\n"
+    "from cadence.cli import main\n"
+    "close = engine.engine.Engine._close_executor\n"
+    "def slow_close(self):\n"
+    "    time.sleep(3)\n"
+    "    close(self)\n"
+    "engine.engine.Engine._close_executor = slow_close\n"
+    "sys.exit(main(sys.argv[1:]))\n"
+)
+
+
+def test_a_stopping_engine_refuses_calls_from_the_signal_on(tmp_path: Path) -> None:
+    """A call opened between SIGTERM and the control socket's close (the last tick and the
+    armed step running out) used to be admitted, then cut with the engine: it is refused as
+    `draining`, which a gateway answers with 503 and Retry-After."""
+    control = tmp_path / "engine.sock"
+    ring = f"cadence-test-drain-{time.monotonic_ns()}"
+    argv = ["engine", f"--control={control}", f"--ring={ring}", "--slots=2", "--metrics-port=0"]
+    engine = subprocess.Popen(
+        [sys.executable, "-c", SLOW_RUN_OUT, *argv],
+        cwd=Path(__file__).resolve().parents[2],
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:  # ready: the socket is up and opens are accepted
+            with contextlib.suppress(OSError):
+                if ask_once(control, {"op": "open", "call_id": "early"})["ok"]:
+                    break
+            time.sleep(0.05)
+        else:
+            raise AssertionError("the engine never admitted a call")
+        engine.send_signal(signal.SIGTERM)
+        time.sleep(0.5)  # the signal handled; the run-out lasts 3 s
+        assert ask_once(control, {"op": "open", "call_id": "late"}) == {
+            "ok": False,
+            "reason": "draining",
+        }
+        assert engine.wait(10) == 0
+    finally:
+        if engine.poll() is None:
+            engine.kill()
+            engine.wait()
+    assert not Path("/dev/shm", ring).exists()
+
+
 def test_a_reused_slot_starts_its_counters_from_zero(
     rig: tuple[Engine, ControlServer, Path],
 ) -> None:
@@ -759,3 +808,9 @@ def test_model_options_refuse_what_the_model_cannot_honour() -> None:
     with pytest.raises(ValueError, match="unknown KV dtype"):
         ModelOptions(kv_dtype="int4", random_weights=0).check("moshi")
     ModelOptions(kv_dtype="fp8", random_weights=0).check("moshi")  # accepted
+    # a Moshi option without --model moshi would serve the echo model: refused, by its flags
+    with pytest.raises(ValueError, match=r"^--checkpoint, --device are for --model moshi"):
+        ModelOptions(checkpoint=Path("ckpt"), device="cuda").check("echo")
+    with pytest.raises(ValueError, match=r"^--random-weights is for --model moshi"):
+        ModelOptions(random_weights=0).check("echo")
+    ModelOptions(cpu_threads=2, mimi_glue_kernels=False).check("echo")  # harmless: accepted
