@@ -8,6 +8,7 @@ Requests and replies, one JSON object per line:
                                                | {"ok": false, "reason":
                                                   "full" | "draining" | "starting"}
     {"op": "close", "slot": S, "generation": G}  -> {"ok": true, "closed": bool}
+                                               (false: not this connection's call, or stale)
     {"op": "status"}                        -> {"ok": true, "state": ..., "calls": [...], ...}
     {"op": "stall", "seconds": S}           -> {"ok": true} | {"ok": false, "reason":
                                                "test_hooks_disabled"}  (0 < S <= 5)
@@ -205,7 +206,7 @@ class ControlServer:
                 return self._open(_call_id(request["call_id"]), owner)
             if op == "close":
                 slot, generation = int(request["slot"]), int(request["generation"])
-                closed = self._table.close(slot, generation)
+                closed = self._table.close(slot, generation, owner)
                 if closed:
                     self._observer.closed(slot)
                 return {"ok": True, "closed": closed}

@@ -80,11 +80,12 @@ class SlotTable:
             self._resets = True
             return Admission(free, generation)
 
-    def close(self, slot: int, generation: int) -> bool:
-        """Free the slot if it still belongs to `generation`; a stale close is ignored."""
+    def close(self, slot: int, generation: int, owner: int) -> bool:
+        """Free the slot if it still belongs to `generation`, opened by `owner`; a stale
+        close, or one from another connection, is ignored."""
         with self._lock:
             info = self._calls.get(slot)
-            if info is None or info.generation != generation:
+            if info is None or info.generation != generation or info.owner != owner:
                 return False
             del self._calls[slot]
             self._generations[slot] = 0

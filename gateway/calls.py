@@ -127,6 +127,7 @@ class CallRegistry:
                 offer_sdp, uplink, downlink, self.grid, on_state, on_captions
             )
             self._refuse_if_stopping(call_id)  # the gateway may have begun to stop meanwhile
+            self._refuse_if_engine_changed(call_id, lease)  # or the engine gone meanwhile
         except BaseException:
             if call.pc is not None:
                 await call.pc.close()
@@ -189,7 +190,7 @@ class CallRegistry:
 
     async def _admit(self, call_id: str) -> SlotLease:
         self._refuse_if_stopping(call_id)
-        if self.engine.hello.get("ring") != self.ring.name:
+        if self.engine.engine != self.ring.name:
             # reconnected to a new engine that is still warming up: its slots are in a ring the
             # media clock has not switched to yet (gateway/main.py re-attaches once it is ready)
             self.metrics.admission_refusals.labels("unavailable").inc(1, {"call_id": call_id})
@@ -208,6 +209,14 @@ class CallRegistry:
             await self._release(lease)
             self._refuse_if_stopping(call_id)
         return lease
+
+    def _refuse_if_engine_changed(self, call_id: str, lease: SlotLease) -> None:
+        """Registered, a call of an engine that died during its setup would miss `end_all`
+        and pump into a ring no engine reads."""
+        current = self.engine.engine if self.engine.connected else ""
+        if lease.engine != current or current != self.ring.name:
+            self.metrics.admission_refusals.labels("unavailable").inc(1, {"call_id": call_id})
+            raise CallRefused("unavailable", "the engine went away while the call was set up")
 
     def _refuse_if_stopping(self, call_id: str) -> None:
         if self.stopping:

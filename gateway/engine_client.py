@@ -23,6 +23,7 @@ class EngineRefused(Exception):
 class SlotLease:
     slot: int
     generation: int
+    engine: str  # the ring of the engine that granted it: a restarted engine reuses slot numbers
 
 
 class EngineClient:
@@ -60,9 +61,18 @@ class EngineClient:
         reply = await self._request({"op": "open", "call_id": call_id})
         if not reply.get("ok"):
             raise EngineRefused(str(reply.get("reason", "unknown")))
-        return SlotLease(int(reply["slot"]), int(reply["generation"]))
+        return SlotLease(int(reply["slot"]), int(reply["generation"]), self.engine)
+
+    @property
+    def engine(self) -> str:
+        """The engine connected to now (its ring's name), or "" before a hello."""
+        return str(self.hello.get("ring", ""))
 
     async def release(self, lease: SlotLease) -> bool:
+        """Free the lease's slot; False for a stale lease, or one of an engine since gone
+        (it freed every slot of ours when our connection closed)."""
+        if lease.engine != self.engine:
+            return False
         reply = await self._request(
             {"op": "close", "slot": lease.slot, "generation": lease.generation}
         )

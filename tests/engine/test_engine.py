@@ -44,8 +44,9 @@ def test_slot_table_admits_until_full_and_ignores_stale_closes() -> None:
         table.open("c", owner=1)
     assert refused.value.reason == "full"
     assert a.generation != b.generation
-    assert not table.close(a.slot, a.generation + 100), "a stale generation is ignored"
-    assert table.close(a.slot, a.generation)
+    assert not table.close(a.slot, a.generation + 100, owner=1), "a stale generation is ignored"
+    assert not table.close(a.slot, a.generation, owner=2), "another connection's call is kept"
+    assert table.close(a.slot, a.generation, owner=1)
     c = table.open("c", owner=1)
     assert c.slot == a.slot
     assert c.generation > b.generation, "generations never repeat"

@@ -4,10 +4,12 @@ import asyncio
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
+from aiortc import RTCPeerConnection
 
-from engine.control import ControlServer
+from engine.control import ControlServer, ask_once
 from engine.engine import Engine
 from engine.executors import build_executor
 from engine.metrics import EngineMetrics
@@ -16,10 +18,12 @@ from engine.ring import RingSpec, SharedRing
 from engine.slots import SlotTable
 from gateway.calls import RETRY_AFTER_S, CallRefused, CallRegistry
 from gateway.config import GatewayConfig
-from gateway.engine_client import EngineClient
+from gateway.engine_client import EngineClient, SlotLease
+from gateway.ice import restrict_host_candidates
 from gateway.media.clock import PumpGrid
 from gateway.metrics import REFUSAL_REASONS, GatewayMetrics
 from gateway.phone.codec import G711Decoder
+from gateway.webrtc import answer
 
 PERIOD_NS = 80_000_000
 SPEC = RingSpec(2, 1920, 24000, 0, 4, PERIOD_NS)
@@ -76,6 +80,67 @@ def test_no_call_is_admitted_into_a_ring_the_media_clock_has_not_switched_to(
         await client.close()
 
     asyncio.run(scenario())
+
+
+def test_a_webrtc_call_whose_engine_restarts_during_its_answer_is_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The answer (ICE gathering) takes a while; an engine that died meanwhile ended every
+    registered call, not this one. It used to be registered afterwards with the dead engine's
+    lease: media into a ring no engine reads, and its end closing the same slot and
+    generation in the new engine, another call's there."""
+    restrict_host_candidates(["127.0.0.1"])
+    path = tmp_path / "engine.sock"
+    old, new = _ring("old"), _ring("new")
+    controls: list[ControlServer] = []
+
+    def start_engine(ring: SharedRing) -> SlotTable:
+        table = SlotTable(SPEC.slots)
+        engine = Engine(
+            build_executor("eager", EchoModel(2)), ring, table, EngineMetrics(), PERIOD_NS
+        )
+        controls.append(ControlServer(path, table, {"ring": ring.name}, engine.status, engine))
+        controls[-1].start()
+        return table
+
+    async def scenario() -> None:
+        start_engine(old)
+        client, calls = await _registry(path, old)
+        other = EngineClient(path)
+
+        async def answer_across_a_restart(*args: Any) -> tuple[RTCPeerConnection, str]:
+            controls[0].stop()  # the engine dies; then what the gateway's engine watch does:
+            await client.close()
+            start_engine(new)
+            await client.connect()
+            calls.ring = new
+            await other.connect()  # another gateway's call takes slot 0, generation 1
+            assert await other.open("other") == SlotLease(0, 1, new.name)
+            return await answer(*args)
+
+        monkeypatch.setattr("gateway.calls.answer", answer_across_a_restart)
+        browser = RTCPeerConnection()
+        browser.addTransceiver("audio", direction="sendrecv")
+        await browser.setLocalDescription(await browser.createOffer())
+        try:
+            with pytest.raises(CallRefused) as refused:
+                await calls.start_webrtc(browser.localDescription.sdp)
+        finally:
+            await browser.close()
+        assert refused.value.reason == "unavailable"
+        assert calls.calls == {}
+        status = ask_once(path, {"op": "status"})
+        assert [call["call_id"] for call in status["calls"]] == ["other"], "kept its slot"
+        await other.close()
+        await client.close()
+
+    try:
+        asyncio.run(scenario())
+    finally:
+        for control in controls[1:]:
+            control.stop()
+        new.close()
+        old.close()
 
 
 def test_a_failing_transport_goodbye_still_ends_the_call_once(
