@@ -273,7 +273,10 @@ def build_parser() -> argparse.ArgumentParser:
     _engine_options(serve)
     _gateway_options(serve)
     serve.add_argument(
-        "--ready-timeout", type=float, default=120.0, help="seconds to wait for the engine"
+        "--ready-timeout",
+        type=_positive_seconds,
+        default=120.0,
+        help="seconds to wait for the engine",
     )
 
     engine = sub.add_parser("engine", help="run the engine process alone")
@@ -316,7 +319,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     bench_engine.add_argument("--json", type=Path, help="write the result here too")
     bench_engine.add_argument(
-        "--ready-timeout", type=float, default=600.0, help="seconds to wait for the engine"
+        "--ready-timeout",
+        type=_positive_seconds,
+        default=600.0,
+        help="seconds to wait for the engine",
     )
 
     infer = sub.add_parser(
@@ -461,7 +467,8 @@ def _port_range(text: str) -> tuple[int, int]:
 
 
 def _positive_seconds(text: str) -> float:
-    """`--seconds`: a run of no time would report zero misses over zero ticks as a pass."""
+    """`--seconds`: a run of no time would report zero misses over zero ticks as a pass;
+    `--ready-timeout`: no time to get ready is a failure before the engine starts."""
     try:
         seconds = float(text)
     except ValueError:

@@ -56,6 +56,7 @@ def test_fused_kernel_switches_are_on_unless_turned_off(flag: str) -> None:
         ("--slots=0", "slots must be in"),  # the engine's
         ("--webrtc-setup-timeout-s=0", "webrtc_setup_timeout_s must be positive"),
         ("--jitter-min-ms=300", "got min 300 ms and max 200 ms"),  # both bounds, in the flags' unit
+        ("--ready-timeout=0", "wants a positive number of seconds"),
     ],
 )
 def test_serve_refuses_a_bad_option_before_starting_anything(option: str, message: str) -> None:
