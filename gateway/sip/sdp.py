@@ -59,15 +59,15 @@ class MediaDescription:
         return next((v or "" for n, v in self.attributes if n == name), None)
 
     def rtpmap(self, payload_type: int) -> tuple[str, int] | None:
-        """(encoding name, clock rate) from a=rtpmap, else the static assignment."""
+        """(encoding name, clock rate) from a=rtpmap, else the static assignment; None for
+        a format nobody named, or one whose a=rtpmap is malformed (no clock rate): that
+        format is unusable, not the whole description (offer/answer never raises)."""
         for name, value in self.attributes:
             if name == "rtpmap" and value and value.split(" ", 1)[0] == str(payload_type):
                 encoding = value.split(" ", 1)[1] if " " in value else ""
                 codec, _, rate = encoding.partition("/")
                 clock_rate = decimal(rate.split("/")[0], DIGITS)
-                if clock_rate is None:
-                    raise SipParseError(f"bad rtpmap {value!r}")
-                return codec, clock_rate
+                return None if clock_rate is None else (codec, clock_rate)
         return STATIC_CODECS.get(payload_type)
 
     @property

@@ -251,6 +251,20 @@ def test_a_reinvite_that_moves_the_media_and_changes_codec_is_reported() -> None
     assert [o for o in out if isinstance(o, MediaChanged)] == [], "the same offer moves nothing"
 
 
+def test_a_reinvite_whose_only_codec_has_a_malformed_rtpmap_gets_488() -> None:
+    """Its a=rtpmap has no clock rate: the parser takes it, offer/answer used to raise out of
+    `receive`, leaving the INVITE's transaction unanswered (the PBX's Timer B then tore the
+    call down). The codec is unusable, so the re-INVITE is refused and the call goes on."""
+    agent = cadence()
+    call, ok, _ = confirmed_freeswitch_call(agent)
+    hold = sample("freeswitch_reinvite_hold.sip").replace(
+        b"tag=TAG", f"tag={ok.to_addr.tag}".encode()
+    )
+    malformed = hold.replace(b"a=rtpmap:8 PCMA/8000", b"a=rtpmap:8 PCMA/rate")
+    assert statuses(agent.receive(malformed, PBX, "udp", 1.0)) == [488]
+    assert call.call_id in agent.calls
+
+
 def test_update_with_an_offer_is_answered_in_its_200() -> None:
     agent = cadence()
     _, ok, _ = confirmed_freeswitch_call(agent)

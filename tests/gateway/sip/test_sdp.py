@@ -67,6 +67,18 @@ def test_old_style_hold_by_zero_address() -> None:
     assert stream.direction == "recvonly"
 
 
+def test_a_format_with_a_malformed_rtpmap_is_unusable_not_an_error() -> None:
+    text = (
+        b"v=0\r\no=- 1 1 IN IP4 192.0.2.9\r\ns=-\r\nc=IN IP4 192.0.2.9\r\nt=0 0\r\n"
+        b"m=audio 5002 RTP/AVP 0 8\r\na=rtpmap:0 PCMU\r\na=rtpmap:8 PCMA/8000\r\n"
+    )
+    _, stream = answered(parse_sdp(text))
+    assert stream is not None
+    assert (stream.codec, stream.payload_type) == ("PCMA", 8)
+    _, stream = answered(parse_sdp(text.replace(b"PCMA/8000", b"PCMA/8k00")))
+    assert stream is None, "no usable codec left: the caller gets a 488"
+
+
 def test_unsupported_media_are_rejected_with_port_zero() -> None:
     text = (
         b"v=0\r\no=- 1 1 IN IP4 192.0.2.9\r\ns=-\r\nc=IN IP4 192.0.2.9\r\nt=0 0\r\n"
