@@ -285,7 +285,9 @@ class Caller:
             if status == 422:
                 interval = session_timer.retry_interval(response)
                 if interval > int(call.invite.header("Session-Expires") or "0"):
-                    return self._retry_invite(call, now, (("Session-Expires", str(interval)),))
+                    # RFC 4028 section 7.4: Min-SE too, so no element downstream goes lower
+                    retry = (("Session-Expires", str(interval)), ("Min-SE", str(interval)))
+                    return self._retry_invite(call, now, retry)
         call.ring_deadline = None
         after = decimal((response.header("Retry-After") or "").split(";")[0].strip(), 8)
         reason = "cancelled" if status == 487 else "rejected"
@@ -307,7 +309,7 @@ class Caller:
         call.ack = ack.encode()
         call.confirmed = call.answered = True
         call.last_refresh = now
-        call.session_timer = session_timer.from_uac_response(response)
+        call.session_timer = session_timer.from_uac_response(response, self.config.min_se)
         call.peer_update = "UPDATE" in [a.upper() for a in response.header_values("Allow")]
         out: list[Output] = [Outgoing(call.ack, call.peer, call.transport)]
         try:

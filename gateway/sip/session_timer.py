@@ -80,13 +80,15 @@ def negotiate_uas(
     return SessionTimer(interval, refresher == "uas"), None
 
 
-def from_uac_response(response: Message) -> SessionTimer | None:
-    """Our INVITE's 2xx: the timer the UAS (or a proxy) settled, if any."""
+def from_uac_response(response: Message, local_min_se: int) -> SessionTimer | None:
+    """Our INVITE's (or refresh's) 2xx: the timer the UAS (or a proxy) settled, if any.
+    An interval below our Min-SE breaks RFC 4028 (it would have drawn a 422); taken as is,
+    0 s would send a refresh on every wake-up, so it is raised to our Min-SE."""
     offered = _session_expires(response)
     if offered is None:
         return None
     interval, refresher = offered
-    return SessionTimer(interval, refresher != "uas")
+    return SessionTimer(max(interval, local_min_se), refresher != "uas")
 
 
 def retry_interval(response_422: Message) -> int:

@@ -122,7 +122,7 @@ class Upkeep(Caller):
 
     def _take_timer(self, call: Call, response: Response, now: float) -> None:
         if response.header("Session-Expires") is not None:
-            call.session_timer = session_timer.from_uac_response(response)
+            call.session_timer = session_timer.from_uac_response(response, self.config.min_se)
         call.last_refresh = now
 
     # -- requests we send inside a dialog ----------------------------------------------

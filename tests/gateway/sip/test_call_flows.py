@@ -318,6 +318,17 @@ def test_outbound_call_resent_after_a_401_or_422_still_times_out(kind: str) -> N
     assert uac.live_transactions() == uas.live_transactions() == 0
 
 
+def test_a_422_retry_carries_the_callees_min_se() -> None:
+    """RFC 4028 section 7.4: the resent INVITE's Min-SE is the 422's, not ours, so no element
+    downstream lowers the interval below what the callee refused."""
+    uac, uas, arguments = retrying_callee("422")
+    wire = Wire(uac, uas)
+    call_id = dial(uac, wire, **arguments)
+    resent = uac.calls[call_id].invite
+    assert (resent.header("Session-Expires"), resent.header("Min-SE")) == ("1800", "1800")
+    assert len(wire.of(uas, IncomingCall)) == 1
+
+
 @pytest.mark.parametrize("kind", ["401", "422"])
 def test_hangup_before_any_provisional_then_a_401_or_422_ends_there(kind: str) -> None:
     """Hung up before any 1xx (no CANCEL possible yet), then challenged or 422'd: the call ends

@@ -44,8 +44,12 @@ def test_deadlines_and_header() -> None:
 
 
 def test_uac_side() -> None:
-    assert from_uac_response(message(("Session-Expires", "900;refresher=uas"))) == SessionTimer(
+    assert from_uac_response(message(("Session-Expires", "900;refresher=uas")), 90) == SessionTimer(
         900, False
     )
-    assert from_uac_response(message()) is None
+    assert from_uac_response(message(), 90) is None
+    # below our Min-SE (RFC 4028 forbids it): 0 s would refresh on every wake-up
+    assert from_uac_response(message(("Session-Expires", "0;refresher=uac")), 90) == SessionTimer(
+        90, True
+    )
     assert retry_interval(message(("Min-SE", "1200"))) == 1200
