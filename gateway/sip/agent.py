@@ -374,7 +374,12 @@ class Agent(Upkeep):
     ) -> list[Output]:
         invite_txn = self.stack.invite_of_cancel(cancel)
         txn = self.stack.start_server(cancel, source, transport, now)
-        if invite_txn is None:
+        # RFC 3261 section 9.1: a CANCEL repeats its INVITE's Call-ID and From; one matched
+        # by branch alone would end no call and leave the INVITE's dialog half torn down
+        if invite_txn is None or (invite_txn.request.call_id, invite_txn.request.from_addr.tag) != (
+            cancel.call_id,
+            cancel.from_addr.tag,
+        ):
             return self._respond(txn, 481, now)
         call = self.calls.get(cancel.call_id)
         tag = call.dialog.local_tag if call else None

@@ -203,6 +203,22 @@ def confirmed_freeswitch_call(agent: Agent) -> tuple[IncomingCall, Response, byt
     return call, ok, ack
 
 
+def test_a_cancel_with_its_invites_branch_but_another_call_id_gets_481() -> None:
+    agent = cadence()
+    invite = sample("freeswitch_invite.sip")
+    [call] = [o for o in agent.receive(invite, PBX, "udp", 0.0) if isinstance(o, IncomingCall)]
+    agent.ring(call.call_id, 0.1)
+    head = invite.split(b"\r\n\r\n", 1)[0].replace(b"INVITE sip:", b"CANCEL sip:", 1)
+    head = head.replace(b"CSeq: 112736211 INVITE", b"CSeq: 112736211 CANCEL")
+    cancel = head.replace(b"Content-Length: 260", b"Content-Length: 0") + b"\r\n\r\n"
+    stranger = cancel.replace(b"Call-ID: 7c5c4d0b", b"Call-ID: 00000000")
+    assert statuses(agent.receive(stranger, PBX, "udp", 0.2)) == [481]
+    assert call.call_id in agent.calls, "still ringing"
+    out = agent.hangup(call.call_id, 0.3)  # it raised: the stray had answered the INVITE 487
+    assert statuses(out) == [480]
+    assert [o for o in out if isinstance(o, CallEnded)] == [CallEnded(call.call_id, "local_hangup")]
+
+
 def test_freeswitch_call_with_hold_reinvite_and_out_of_order_cseq() -> None:
     agent = cadence()
     call, ok, ack = confirmed_freeswitch_call(agent)
