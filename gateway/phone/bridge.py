@@ -382,6 +382,11 @@ class PhoneBridge:
                 continue
             self.ports.take(port)
             phone.port, phone.rtp = port, rtp
+            if self.calls.calls.get(call.id) is not call:
+                # ended while the socket was bound (a hang-up, the engine lost): its goodbye
+                # ran with no port to free, and none will run again
+                self._free_rtp(phone)
+                raise OSError(f"call {call.id} ended while its RTP port was opened")
             return rtp
         raise failure
 
@@ -418,12 +423,16 @@ class PhoneBridge:
         """The registry ended the call: say goodbye in SIP (if the dialog lives), free RTP."""
         if phone.gone is None:
             self._command(lambda now: self.agent.hangup(phone.sip_call_id, now))
+        self._free_rtp(phone)
+        self.phones.pop(phone.sip_call_id, None)
+
+    def _free_rtp(self, phone: PhoneCall) -> None:
         if phone.rtp is not None:
             self.pacer.remove(phone.rtp.call_id)
             phone.rtp.close()
         if phone.port is not None:
             self.ports.give_back(phone.port)
-        self.phones.pop(phone.sip_call_id, None)
+        phone.rtp, phone.port = None, None
 
     async def _watch_media(self) -> None:
         while True:

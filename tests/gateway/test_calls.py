@@ -22,6 +22,7 @@ from gateway.engine_client import EngineClient, SlotLease
 from gateway.ice import restrict_host_candidates
 from gateway.media.clock import PumpGrid
 from gateway.metrics import REFUSAL_REASONS, GatewayMetrics
+from gateway.phone.bridge import DialUnavailable, PhoneBridge
 from gateway.phone.codec import G711Decoder
 from gateway.webrtc import answer
 
@@ -141,6 +142,35 @@ def test_a_webrtc_call_whose_engine_restarts_during_its_answer_is_refused(
             control.stop()
         new.close()
         old.close()
+
+
+def test_a_phone_call_ended_while_its_rtp_port_binds_gives_the_port_back(
+    restarted: tuple[SharedRing, SharedRing, SlotTable, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The registry's end ran the bridge's goodbye before the socket existed; the port
+    bound after it stayed taken, its socket open, for good (and the INVITE still went out)."""
+    _, new, table, path = restarted
+
+    async def scenario() -> None:
+        client, calls = await _registry(path, new)
+        bridge = PhoneBridge(GatewayConfig(path, sip_port=5099, rtp_ports=(43000, 43009)), calls)
+        loop = asyncio.get_running_loop()
+        bind = loop.create_datagram_endpoint
+
+        async def hung_up_while_binding(*args: Any, **kwargs: Any) -> Any:
+            (call,) = calls.calls.values()
+            await calls.end(call.id, "hangup")  # DELETE /v1/calls/{id}, or the engine lost
+            return await bind(*args, **kwargs)
+
+        monkeypatch.setattr(loop, "create_datagram_endpoint", hung_up_while_binding)
+        free = bridge.ports.free
+        with pytest.raises(DialUnavailable, match="ended while its RTP port was opened"):
+            await bridge.dial("sip:bob@127.0.0.1:5999")
+        assert bridge.ports.free == free
+        assert (calls.calls, bridge.phones, table.live_count) == ({}, {}, 0)
+        await client.close()
+
+    asyncio.run(scenario())
 
 
 def test_a_failing_transport_goodbye_still_ends_the_call_once(
