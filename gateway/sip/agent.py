@@ -33,7 +33,7 @@ from gateway.sip.events import (
 )
 from gateway.sip.headers import SipParseError, SipUri, TelUri
 from gateway.sip.message import Request, Response, error_response, parse_message, response_to
-from gateway.sip.sdp import SessionDescription, answer, parse_sdp
+from gateway.sip.sdp import SessionDescription, accepted_stream, answer, parse_sdp
 from gateway.sip.transaction import (
     Address,
     Outgoing,
@@ -348,6 +348,7 @@ class Agent(Upkeep):
         sent = self._respond(txn, 200, now, headers, body, to_tag=tag)
         if request.method == "INVITE" and sent:
             call.ok_destination = txn.peer
+            call.offer_in_ok = not request.body and bool(body)
             self._start_ok_retransmission(call, sent[0], now)
         return [*sent, *out]
 
@@ -357,7 +358,7 @@ class Agent(Upkeep):
             return []  # ACK for a 2xx we no longer track (or a stray): RFC says drop it
         call.stop_ok_retransmission()
         if call.confirmed:
-            return []
+            return self._answer_in_ack(call, ack, now)
         call.confirmed = True
         call.last_refresh = now
         if ack.body and call.remote_sdp is None:
@@ -368,6 +369,25 @@ class Agent(Upkeep):
         if call.hangup_requested:
             return [*self._bye(call, now), *self._end(call, now, "local_hangup")]
         return [CallConfirmed(call.call_id)]
+
+    def _answer_in_ack(self, call: Call, ack: Request, now: float) -> list[Output]:
+        """A re-INVITE without an offer drew ours in the 2xx; its ACK carries the answer
+        (RFC 3264 section 8, RFC 3261 section 14.2): the media may have moved with it."""
+        if not call.offer_in_ok:
+            return []
+        call.offer_in_ok = False
+        if not ack.body:
+            return []  # no answer: what was in force stays
+        try:
+            remote = parse_sdp(ack.body)
+        except SipParseError:
+            return [*self._bye(call, now), *self._end(call, now, "bad_sdp")]
+        previous, call.remote_sdp = call.remote_sdp, remote
+        moved = previous is None or replace(remote, origin=previous.origin) != previous
+        stream = accepted_stream(remote)
+        if stream is not None and call.settle(stream, moved):
+            return [MediaChanged(call.call_id, stream, remote)]
+        return []
 
     def _on_cancel(
         self, cancel: Request, source: Address, transport: str, now: float

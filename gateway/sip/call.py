@@ -41,6 +41,7 @@ class Call:
     ringing: bool = False
     answered: bool = False
     confirmed: bool = False
+    offer_in_ok: bool = False  # our 2xx to an offerless re-INVITE offered: its ACK answers
     hangup_requested: bool = False
     cancelled: bool = False
     ok_response: bytes | None = None

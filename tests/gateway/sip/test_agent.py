@@ -281,6 +281,39 @@ def test_a_reinvite_whose_only_codec_has_a_malformed_rtpmap_gets_488() -> None:
     assert call.call_id in agent.calls
 
 
+def test_the_ack_of_an_offerless_reinvite_brings_the_answer_and_moves_the_media() -> None:
+    """A PBX re-INVITEs without SDP (a delayed offer, as in transfers): our 2xx offers, its
+    ACK answers. That answer was ignored, so RTP kept going to the old address."""
+    agent = cadence()
+    _, ok, ack = confirmed_freeswitch_call(agent)
+    hold = sample("freeswitch_reinvite_hold.sip").replace(
+        b"tag=TAG", f"tag={ok.to_addr.tag}".encode()
+    )
+    head, body = hold.split(b"\r\n\r\n", 1)
+    offerless = head.replace(b"Content-Length: 224", b"Content-Length: 0") + b"\r\n\r\n"
+    [reply] = responses(agent.receive(offerless, PBX, "udp", 1.0))
+    assert reply.status == 200
+    assert b"m=audio" in reply.body, "our offer"
+    moved = (
+        body.replace(b"a=sendonly", b"a=sendrecv")
+        .replace(b"c=IN IP4 10.0.0.4", b"c=IN IP4 10.0.0.9")
+        .replace(b"m=audio 24568", b"m=audio 30010")
+    )
+    answer_ack = (
+        ack.replace(b"112736211 ACK", b"112736212 ACK")
+        .replace(b"z9hG4bKa1", b"z9hG4bKa2")
+        .replace(b"Content-Length: 0\r\n\r\n", b"Content-Type: application/sdp\r\n")
+        + f"Content-Length: {len(moved)}\r\n\r\n".encode()
+        + moved
+    )
+    [change] = agent.receive(answer_ack, PBX, "udp", 1.1)
+    assert isinstance(change, MediaChanged)
+    assert (change.stream.remote_address, change.stream.remote_port) == ("10.0.0.9", 30010)
+    assert change.direction == "sendrecv"
+    again = answer_ack.replace(b"112736212 ACK", b"112736213 ACK")
+    assert agent.receive(again, PBX, "udp", 1.2) == [], "only the ACK of that 2xx answers"
+
+
 def test_update_with_an_offer_is_answered_in_its_200() -> None:
     agent = cadence()
     _, ok, _ = confirmed_freeswitch_call(agent)
