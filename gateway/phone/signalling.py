@@ -4,13 +4,21 @@ Everything the agent decides comes back as a list of outputs: `Outgoing` bytes a
 the transport they name (a TCP response goes back on the connection its request came in on;
 a request to a peer we have no connection to opens one), every other output is an event for
 the call layer. After each input the single timer is re-armed at `agent.next_timer()`.
+
+A destination given by name (a --sip-proxy or registrar host, a dialled sip:bob@pbx.example,
+a Contact) is looked up off the event loop and kept for NAME_TTL_S: a UDP send to a name
+would otherwise run getaddrinfo inside the loop, stalling every call's media for as long as
+DNS takes, on every retransmission.
 """
 
 import asyncio
 import contextlib
+import ipaddress
 import logging
+import socket
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
+from typing import Any
 
 from gateway.sip.agent import Agent
 from gateway.sip.events import Event, Output
@@ -21,6 +29,7 @@ from gateway.sip.transaction import Address, Outgoing
 log = logging.getLogger(__name__)
 
 READ_BYTES = 65536
+NAME_TTL_S = 60.0  # a name's address is looked up again this long after
 
 
 class _Datagrams(asyncio.DatagramProtocol):
@@ -40,6 +49,7 @@ class SipSignalling:
         self._streams: dict[Address, asyncio.StreamWriter] = {}
         self._timer: asyncio.TimerHandle | None = None
         self._tasks: set[asyncio.Task[None]] = set()
+        self._names: dict[str, tuple[str, float]] = {}  # name -> (address, looked up until)
 
     async def start(self, host: str, port: int) -> None:
         loop = asyncio.get_running_loop()
@@ -114,16 +124,44 @@ class SipSignalling:
 
     def _send(self, out: Outgoing) -> None:
         if out.transport == "udp":
-            if self._udp is not None:
-                self._udp.sendto(out.data, out.destination)
+            host, port = out.destination
+            known = host if _is_address(host) else self._known_address(host)
+            if known is None:
+                self._spawn(self._look_up_and_send(out))
+            elif self._udp is not None:
+                self._udp.sendto(out.data, (known, port))
             return
         writer = self._streams.get(out.destination)
         if writer is not None and not writer.is_closing():
             writer.write(out.data)
             return
-        task = asyncio.create_task(self._connect_and_send(out))
+        self._spawn(self._connect_and_send(out))  # open_connection looks names up off the loop
+
+    def _spawn(self, work: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.create_task(work)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
+
+    def _known_address(self, name: str) -> str | None:
+        known = self._names.get(name)
+        return known[0] if known is not None and known[1] > time.monotonic() else None
+
+    async def _look_up_and_send(self, out: Outgoing) -> None:
+        host, port = out.destination
+        if self._udp is None:
+            return
+        family = self._udp.get_extra_info("socket").family
+        try:
+            found = await asyncio.get_running_loop().getaddrinfo(
+                host, port, family=family, type=socket.SOCK_DGRAM
+            )
+        except OSError as error:  # socket.gaierror: the transaction times out, ending its call
+            log.warning("SIP to %s:%d not sent: %s", host, port, error)
+            return
+        address = str(found[0][4][0])
+        self._names[host] = (address, time.monotonic() + NAME_TTL_S)
+        if self._udp is not None:
+            self._udp.sendto(out.data, (address, port))
 
     async def _connect_and_send(self, out: Outgoing) -> None:
         try:
@@ -147,3 +185,11 @@ class SipSignalling:
     def _fire(self) -> None:
         self._timer = None
         self.deliver(self.agent.handle_timer(time.monotonic()))
+
+
+def _is_address(host: str) -> bool:
+    try:
+        ipaddress.ip_address(host)
+    except ValueError:
+        return False
+    return True
