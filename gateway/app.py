@@ -63,7 +63,8 @@ Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 @web.middleware
 async def json_errors(request: web.Request, handler: Handler) -> web.StreamResponse:
     """The API's refusals that aiohttp makes itself (an unknown path or method, a body past
-    MAX_BODY_BYTES) answered as JSON errors like the rest, under /v1/ only."""
+    MAX_BODY_BYTES) answered as JSON errors like the rest, under /v1/ only; a bug there is
+    logged and answered as a JSON 500, not aiohttp's text page."""
     try:
         return await handler(request)
     except web.HTTPException as exc:
@@ -75,6 +76,11 @@ async def json_errors(request: web.Request, handler: Handler) -> web.StreamRespo
             detail = f"the request body is larger than {MAX_BODY_BYTES} bytes"
         allow = {"Allow": exc.headers["Allow"]} if "Allow" in exc.headers else None
         return error(exc.status, code, detail, allow)
+    except Exception:
+        if not request.path.startswith("/v1/"):
+            raise
+        log.exception("%s %s failed", request.method, request.path)
+        return error(500, "internal_error", "the gateway failed this request; see its log")
 
 
 @web.middleware
@@ -104,10 +110,11 @@ def _same_token(given: str, token: str) -> bool:
 
 async def _json_body(request: web.Request) -> object:
     """The request's JSON body; ValueError if it is none (RecursionError: nested past the
-    parser's depth, well inside the size limit)."""
+    parser's depth, well inside the size limit; LookupError: a Content-Type charset Python
+    has no codec for)."""
     try:
         return await request.json(loads=json.loads)
-    except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as exc:
+    except (json.JSONDecodeError, UnicodeDecodeError, RecursionError, LookupError) as exc:
         raise ValueError(str(exc)) from None
 
 

@@ -17,6 +17,7 @@ takes that channel when it opens and sends caption text on it.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import fractions
 import logging
 import time
@@ -166,8 +167,13 @@ async def answer(
             if channel.label == CAPTIONS_LABEL and on_captions is not None:
                 on_captions(channel)
 
-        local = await pc.createAnswer()
-        await pc.setLocalDescription(local)
+        try:
+            local = await pc.createAnswer()
+            await pc.setLocalDescription(local)
+        except Exception as exc:
+            # offers aiortc parses but cannot answer (two m-lines with one mid, a BUNDLE group
+            # naming no m-line) fail in it with AttributeError and the like
+            raise OfferError(f"the offer cannot be answered: {exc!r}") from exc
         codecs = [c for c in transceiver._codecs if c.name == "opus"]  # negotiated by now
         if not codecs:
             raise OfferError("the offer does not include Opus")
@@ -175,6 +181,7 @@ async def answer(
             transceiver.receiver, {c.payloadType for c in codecs if c.payloadType is not None}, sink
         )
     except BaseException:
-        await pc.close()
+        with contextlib.suppress(Exception):  # a half-built peer may fail to close: the
+            await pc.close()  # error to report is the one above
         raise
     return pc, pc.localDescription.sdp

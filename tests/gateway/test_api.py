@@ -11,9 +11,11 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from aiohttp import web
+from aiohttp.test_utils import TestClient, TestServer
 from aiortc import RTCPeerConnection
 
-from gateway.app import MAX_BODY_BYTES
+from gateway.app import MAX_BODY_BYTES, json_errors
 from gateway.ice import restrict_host_candidates
 from tests.support.caller import band_limited_noise, place_call
 from tests.support.server import Served, children_of, http_json, start_serve, stop_serve
@@ -52,6 +54,43 @@ def test_bad_offers_get_400_with_a_reason(one_slot: Served, body: object, code: 
     assert isinstance(reply, dict)
     assert reply["error"] == code
     assert reply["detail"]
+
+
+def test_offers_aiortc_parses_but_cannot_answer_get_400(one_slot: Served) -> None:
+    """They failed inside aiortc's answer with AttributeError: a 500 and a traceback."""
+
+    async def two_audio_sections() -> str:
+        browser = RTCPeerConnection()
+        browser.addTransceiver("audio", direction="sendrecv")
+        browser.addTransceiver("audio", direction="sendrecv")
+        await browser.setLocalDescription(await browser.createOffer())
+        sdp: str = browser.localDescription.sdp
+        await browser.close()
+        return sdp
+
+    sdp = asyncio.run(two_audio_sections())
+    assert "a=mid:1" in sdp
+    for broken in (
+        sdp.replace("a=mid:1", "a=mid:0"),  # two m-lines, one mid
+        sdp.replace("a=group:BUNDLE 0 1", "a=group:BUNDLE x 0 1"),  # a group naming no m-line
+    ):
+        assert broken != sdp
+        status, reply = _post(one_slot, {"sdp": broken, "type": "offer"})
+        assert isinstance(reply, dict)
+        assert (status, reply["error"]) == (400, "bad_offer"), reply
+
+
+def test_a_charset_python_has_no_codec_for_gets_400(one_slot: Served) -> None:
+    request = urllib.request.Request(
+        one_slot.url + "/v1/calls",
+        data=b'{"sdp": "v=0"}',
+        headers={"Content-Type": "application/json; charset=bogus"},
+        method="POST",
+    )
+    with pytest.raises(urllib.error.HTTPError) as refused:
+        urllib.request.urlopen(request, timeout=10)
+    assert refused.value.code == 400
+    assert json.loads(refused.value.read())["error"] == "bad_request"
 
 
 def test_json_nested_past_the_parsers_depth_gets_400(one_slot: Served) -> None:
@@ -178,3 +217,29 @@ def test_a_dead_engine_is_reported_then_restarted(tmp_path: Path) -> None:
         ), "the killed engine's shared memory was removed"
     finally:
         assert stop_serve(served) == 0
+
+
+def test_a_bug_under_the_api_is_a_json_500_and_logged(caplog: pytest.LogCaptureFixture) -> None:
+    """The API's error contract holds for a failure nobody foresaw (aiohttp's own answer is
+    a text page); the page outside /v1/ keeps aiohttp's handling."""
+
+    async def failing(request: web.Request) -> web.Response:
+        raise KeyError("a bug")
+
+    async def scenario() -> list[tuple[int, str]]:
+        app = web.Application(middlewares=[json_errors])
+        app.router.add_get("/v1/broken", failing)
+        app.router.add_get("/broken", failing)
+        async with TestClient(TestServer(app)) as client:
+            answers = []
+            for path in ("/v1/broken", "/broken"):
+                response = await client.get(path)
+                answers.append((response.status, response.content_type))
+                if path.startswith("/v1/"):
+                    assert (await response.json())["error"] == "internal_error"
+            return answers
+
+    with caplog.at_level("ERROR", logger="gateway.app"):
+        answers = asyncio.run(scenario())
+    assert answers == [(500, "application/json"), (500, "text/plain")]
+    assert any("GET /v1/broken failed" in r.getMessage() for r in caplog.records)
