@@ -120,7 +120,8 @@ async function startCall() {
     setState("idle");
     const kind = err instanceof ApiError ? err.kind : "failed";
     const retry = err.retryAfterS ? `Try again in ${err.retryAfterS} s.` : "";
-    notify(kind, kind === "failed" ? err.message : retry);
+    // why it failed, where the page knows: a plain-http page has no microphone at all
+    notify(kind, kind === "failed" || kind === "mic-failed" ? err.message : retry);
     if (kind === "unauthorized") $("auth").hidden = false;
     return;
   }
@@ -194,10 +195,29 @@ async function pollHealth() {
   }
 }
 
+// A header carries printable ASCII only: fetch would throw on anything else, read as "unreachable".
+const TOKEN_FORM = /^[\x21-\x7e]+$/;
+
+// #token=... as written: URLSearchParams would read a base64 "+" as a space.
+function tokenFromHash() {
+  const part = location.hash.slice(1).split("&").find((p) => p.startsWith("token="));
+  if (!part) return null;
+  try {
+    return decodeURIComponent(part.slice("token=".length));
+  } catch (err) {
+    return null; // a malformed escape: no token
+  }
+}
+
 function readToken() {
-  const fromHash = new URLSearchParams(location.hash.slice(1)).get("token");
-  if (fromHash) sessionStorage.setItem("cadence-token", fromHash);
-  return fromHash || sessionStorage.getItem("cadence-token");
+  const fromHash = tokenFromHash();
+  if (fromHash) {
+    sessionStorage.setItem("cadence-token", fromHash);
+    // off the address bar and the history, and a reload takes the saved (or typed) token
+    history.replaceState(null, "", location.pathname + location.search);
+  }
+  const token = fromHash || sessionStorage.getItem("cadence-token");
+  return token && TOKEN_FORM.test(token) ? token : null;
 }
 
 async function init() {
@@ -226,7 +246,12 @@ $("hangup").addEventListener("click", () => endCall(null, false));
 $("notice-action").addEventListener("click", startCall);
 $("auth").addEventListener("submit", (ev) => {
   ev.preventDefault();
-  api.token = $("token").value.trim();
+  const token = $("token").value.trim();
+  if (!TOKEN_FORM.test(token)) {
+    notify("unauthorized", "A token is letters, digits and symbols, without spaces.");
+    return;
+  }
+  api.token = token;
   sessionStorage.setItem("cadence-token", api.token);
   $("auth").hidden = true;
   notify(null);

@@ -285,6 +285,39 @@ def test_a_token_protected_server_asks_for_the_token(pages: Pages, served: Serve
     wait_calls_empty(served, TOKEN)
 
 
+LINK_TOKEN = "demo+token/0123456789abcdef=="  # base64's "+" and "/" and "="
+
+
+@pytest.mark.parametrize("served", [(f"--auth-token={LINK_TOKEN}",)], indirect=True)
+def test_a_token_in_the_link_is_read_as_written_and_taken_off_the_address_bar(
+    pages: Pages, served: Served
+) -> None:
+    """URLSearchParams read the "+" as a space (every call then got 401), and the token
+    stayed in the address bar and the history."""
+    page = pages.open(f"{served.url}/#token={LINK_TOKEN}")
+    assert not page.is_visible("#auth"), "the link's token is taken"
+    assert page.evaluate("location.href") == served.url + "/"
+    call_live(page)
+    assert len(live_calls(served, LINK_TOKEN)) == 1
+    page.click("#hangup")
+    wait_calls_empty(served, LINK_TOKEN)
+    page.reload()
+    page.wait_for_function("window.cadence && !document.getElementById('call').disabled")
+    assert not page.is_visible("#auth"), "kept for the tab's session"
+
+
+def test_a_page_without_microphone_access_says_why(pages: Pages, served: Served) -> None:
+    """Over plain http to another host the browser has no navigator.mediaDevices: the page
+    said only that the microphone could not be opened."""
+    page = pages.new_page()
+    page.add_init_script("Object.defineProperty(navigator, 'mediaDevices', {value: undefined})")
+    page.goto(served.url)
+    page.wait_for_function("window.cadence && !document.getElementById('call').disabled")
+    page.click("#call")
+    assert "needs https" in wait_notice(page, "mic-failed")
+    assert live_calls(served) == []
+
+
 def test_a_blocked_microphone_is_explained(
     browser: Browser, served: Served, tmp_path: Path
 ) -> None:
