@@ -190,7 +190,7 @@ class CallRegistry:
 
     async def _admit(self, call_id: str) -> SlotLease:
         self._refuse_if_stopping(call_id)
-        if self.engine.engine != self.ring.name:
+        if self.engine.ring_name != self.ring.name:
             # reconnected to a new engine that is still warming up: its slots are in a ring the
             # media clock has not switched to yet (gateway/main.py re-attaches once it is ready)
             self.metrics.admission_refusals.labels("unavailable").inc(1, {"call_id": call_id})
@@ -213,8 +213,8 @@ class CallRegistry:
     def _refuse_if_engine_changed(self, call_id: str, lease: SlotLease) -> None:
         """Registered, a call of an engine that died during its setup would miss `end_all`
         and pump into a ring no engine reads."""
-        current = self.engine.engine if self.engine.connected else ""
-        if lease.engine != current or current != self.ring.name:
+        current = self.engine.ring_name if self.engine.connected else ""
+        if lease.ring != current or current != self.ring.name:
             self.metrics.admission_refusals.labels("unavailable").inc(1, {"call_id": call_id})
             raise CallRefused("unavailable", "the engine went away while the call was set up")
 

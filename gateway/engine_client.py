@@ -23,7 +23,7 @@ class EngineRefused(Exception):
 class SlotLease:
     slot: int
     generation: int
-    engine: str  # the ring of the engine that granted it: a restarted engine reuses slot numbers
+    ring: str  # of the engine that granted it: a restarted engine reuses slots and generations
 
 
 class EngineClient:
@@ -61,17 +61,18 @@ class EngineClient:
         reply = await self._request({"op": "open", "call_id": call_id})
         if not reply.get("ok"):
             raise EngineRefused(str(reply.get("reason", "unknown")))
-        return SlotLease(int(reply["slot"]), int(reply["generation"]), self.engine)
+        return SlotLease(int(reply["slot"]), int(reply["generation"]), self.ring_name)
 
     @property
-    def engine(self) -> str:
-        """The engine connected to now (its ring's name), or "" before a hello."""
+    def ring_name(self) -> str:
+        """The ring of the engine connected to now (it names that engine), or "" before a
+        hello."""
         return str(self.hello.get("ring", ""))
 
     async def release(self, lease: SlotLease) -> bool:
         """Free the lease's slot; False for a stale lease, or one of an engine since gone
         (it freed every slot of ours when our connection closed)."""
-        if lease.engine != self.engine:
+        if lease.ring != self.ring_name:
             return False
         reply = await self._request(
             {"op": "close", "slot": lease.slot, "generation": lease.generation}
