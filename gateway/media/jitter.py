@@ -114,6 +114,8 @@ class JitterBuffer:
         self._ts_base: int | None = None  # the first arrival's timestamp, unwrapped
         self._ts_latest = 0  # the latest timestamp seen, unwrapped (past 2**32)
         self._stretch = False
+        self._played_ts: int | None = None  # the last played packet's timestamp
+        self._concealed = 0  # samples concealed (EMPTY, LOST) since that packet
         self._ssrc: int | None = None
         self.recent_delays_s: deque[float] = deque(maxlen=self._window_packets)
 
@@ -226,15 +228,19 @@ class JitterBuffer:
             self._stretch = False
             self.counters.stretched += 1
             return Playout(Unit.EMPTY, None, samples)
+        if self._next not in self._packets and self._packets and self._gap_is_concealed():
+            self._next = min(self._packets)  # what is missing held no audio not yet concealed
         packet = self._packets.pop(self._next, None)
         if packet is not None:
             self._next += 1
+            self._played_ts, self._concealed = packet.timestamp, 0
             self.counters.played += 1
             delay = now_s - packet.arrival_s + packet.lateness_s
             self.recent_delays_s.append(delay)
             self._delays.append(delay)
             self._adapt()
             return Playout(Unit.PACKET, packet.payload, samples, delay)
+        self._concealed += samples
         if self._packets:
             self._next += 1
             self.counters.lost += 1
@@ -243,6 +249,17 @@ class JitterBuffer:
         self.counters.empty += 1
         self._delays.clear()
         return Playout(Unit.EMPTY, None, samples)
+
+    def _gap_is_concealed(self) -> bool:
+        """Whether the audio between the last played packet and the next buffered one is all
+        concealed already: by EMPTY while nothing had arrived (a burst loss longer than the
+        buffer), or none at all (numbers taken by RFC 4733 events sent beside the audio).
+        Without this, a burst was concealed twice: as EMPTY, then again as LOST."""
+        if self._played_ts is None:
+            return False
+        following = self._packets[min(self._packets)]
+        unheard = (following.timestamp - self._played_ts) % TS_MOD - self._packet_samples
+        return unheard < TS_MOD // 2 and unheard - self._concealed < self._packet_samples // 2
 
     def _adapt(self) -> None:
         """Move the played-out delay one packet towards the target once evidence settles."""

@@ -94,6 +94,41 @@ def test_a_loss_is_concealed_and_adds_no_lasting_delay() -> None:
     assert 202 in run.delays
 
 
+def test_a_burst_loss_longer_than_the_buffer_is_concealed_once() -> None:
+    """10 packets (200 ms) lost: the buffer runs dry and conceals as EMPTY; once packets come
+    again the same 200 ms used to be concealed a second time as LOST, with that much delay
+    added and shed over seconds, real packets dropped on the way."""
+
+    def burst(i: int, sent: float) -> list[float]:
+        return [] if 200 <= i < 210 else clean(i, sent)
+
+    run = simulate(600, burst)
+    concealed = run.jb.counters.empty + run.jb.counters.lost
+    tail = [k for k, unit in enumerate(run.units) if unit is Unit.PACKET][-1]
+    assert concealed - run.units[tail:].count(Unit.EMPTY) <= 11, run.jb.counters
+    assert run.jb.counters.dropped == 0, "no real packet dropped to shed a doubled delay"
+    before, after = run.mean_delay(100, 200), run.mean_delay(211, 260)
+    assert after - before < 0.02, f"{before * 1e3:.1f} -> {after * 1e3:.1f} ms"
+
+
+def test_numbers_taken_by_events_beside_the_audio_are_not_concealed() -> None:
+    """RFC 4733 events share the audio's sequence numbers and go elsewhere: a gap in the
+    numbers with no gap in the timestamps held no audio."""
+    jb = JitterBuffer()
+    played: list[int] = []
+    seq = 0
+    for i in range(300):
+        now = i * PACKET_S + BASE_DELAY_S
+        jb.push(seq, i * SAMPLES, i.to_bytes(4, "big"), now)
+        seq += 2 if 100 <= i < 105 else 1  # a key press: an event packet after each of these
+        out = jb.pull(now + 0.0123)
+        if out.unit is Unit.PACKET:
+            assert out.payload is not None
+            played.append(int.from_bytes(out.payload, "big"))
+    assert jb.counters.lost == 0
+    assert played == list(range(played[0], played[0] + len(played)))
+
+
 def test_reordering_and_duplicates_play_once_in_order_without_lasting_delay() -> None:
     def shuffled(i: int, sent: float) -> list[float]:
         if i % 50 == 10:  # this packet overtakes the one before it
