@@ -38,6 +38,7 @@ log = logging.getLogger(__name__)
 COMPLETED = ("hangup", "peer_closed", "peer_hangup")  # end reasons that are not failures
 ENDED_KEPT = 256  # final records kept, so a page polling its call learns why it ended
 LONGEST_SIP_PACKET_S = 0.06  # G.711 packets may be 10, 20, 30 or 60 ms, whatever was offered
+LONGEST_OPUS_PACKET_S = 0.12  # RFC 7587: an Opus packet holds up to 120 ms (browsers send 20)
 
 
 # seconds a refused caller is told to wait before trying again (HTTP and SIP 503 Retry-After)
@@ -105,6 +106,7 @@ class CallRegistry:
             model_rate=spec.sample_rate,
             frame_samples=spec.frame_samples,
             pump_period_s=self.grid.step_s,
+            longest_packet_s=LONGEST_OPUS_PACKET_S,
         )
         downlink = Downlink(
             spec.sample_rate, OPUS_CLOCK, PACKET_TICKS, self.config.send_queue_max_s

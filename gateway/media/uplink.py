@@ -87,9 +87,10 @@ class Uplink:
             if out.unit is Unit.LOST and out.payload is not None:
                 return self._decoder.recover(out.payload, samples)
         except ValueError:
-            # a peer's malformed packet must not raise out of the pump, which serves every call
-            self.undecodable += 1
+            # a peer's malformed packet must not raise out of the pump, which serves every call;
+            # counted when it is played, not again when its FEC was tried for the loss before it
             if out.unit is Unit.PACKET:
+                self.undecodable += 1
                 self.concealed += 1
         try:
             return self._decoder.conceal(samples)

@@ -1,8 +1,10 @@
 """The Opus receive path: jitter buffer -> libopus -> resampler -> exact frames."""
 
 import numpy as np
+import pytest
 from numpy.typing import NDArray
 
+from gateway.calls import LONGEST_OPUS_PACKET_S
 from gateway.media.jitter import JitterConfig
 from gateway.media.opus import OpusDecoder, OpusEncoder
 from gateway.media.uplink import Uplink
@@ -81,3 +83,42 @@ def test_an_odd_timestamp_step_is_concealed_in_whole_opus_units_and_the_call_goe
         if k % 4 == 3:
             assert uplink.take_frame().shape == (FRAME,)
     assert uplink.concealed > 0
+
+
+def test_a_refused_packet_after_a_loss_is_counted_once() -> None:
+    """Its FEC is tried for the loss before it, then it is decoded: one refusal, not two."""
+    uplink = Uplink(OpusDecoder(48000), JitterConfig(), 24000, FRAME, PUMP_S)
+    good = OpusEncoder(48000).encode(np.zeros(PACKET, np.int16))
+    for k in range(50):
+        now = k * PUMP_S
+        if k != 10:  # lost, and the one after it is garbage
+            uplink.receive(k, k * PACKET, b"\xff" if k == 11 else good, now + 0.005)
+        uplink.pump(now)
+        if k % 4 == 3:
+            uplink.take_frame()
+    assert uplink.jitter.counters.lost == 1
+    assert uplink.undecodable == 1
+
+
+@pytest.mark.parametrize("packet_ms", [10, 20, 40, 60, 120])
+def test_every_opus_packet_time_a_webrtc_call_takes_frames_without_cutting(
+    packet_ms: int,
+) -> None:
+    """A WebRTC call's framer held 20 ms beyond its frame: a 60 ms packet decoded at one pump
+    overflowed it, cutting ~8% of the audio out and padding the gaps with silence."""
+    uplink = Uplink(OpusDecoder(24000), JitterConfig(), 24000, FRAME, PUMP_S, LONGEST_OPUS_PACKET_S)
+    encoder, n = OpusEncoder(48000), 48 * packet_ms
+    t = np.arange(5 * 48000)
+    tone = (8000 * np.sin(t * 2 * np.pi * 440 / 48000)).astype(np.int16)
+    packets = [encoder.encode(tone[i : i + n]) for i in range(0, tone.size - n + 1, n)]
+    sent = 0
+    for pump in range(int(5 / PUMP_S)):
+        now = pump * PUMP_S
+        while sent < len(packets) and sent * packet_ms / 1000 + 0.005 <= now:
+            uplink.receive(sent, sent * n, packets[sent], now)
+            sent += 1
+        uplink.pump(now)
+        if pump % 4 == 3:
+            uplink.take_frame()
+    assert uplink.framer.counters.dropped_samples == 0
+    assert uplink.jitter.counters.lost == uplink.concealed == 0
