@@ -366,6 +366,7 @@ class CallRegistry:
                 "frames": session.downlink.frames,
                 "queued_s": round(session.downlink.queued_s, 4),
                 "silent_packets": session.downlink.silent_packets,
+                "skipped_packets": session.downlink.skipped_packets,
                 "dropped_samples": session.downlink.dropped_samples,
                 "skipped_frames": session.downlink_skipped,
             },

@@ -74,7 +74,6 @@ class PacedAudioTrack(MediaStreamTrack):
         self._encoder = OpusEncoder(downlink.rate)
         self._index: int | None = None
         self._pts = 0
-        self.late_skips = 0  # packet instants skipped because recv was called too late
 
     async def recv(self) -> Packet[Stream]:
         grid = self._grid
@@ -86,8 +85,7 @@ class PacedAudioTrack(MediaStreamTrack):
             self._index += 1
             if current > self._index:  # fell behind: jump, keep audio and time aligned
                 skipped = current - self._index
-                self.late_skips += skipped
-                self._downlink.skip(skipped)
+                self._downlink.skip(skipped)  # counted there, for the call's record
                 self._pts += skipped * PACKET_TICKS
                 self._index = current
         due = grid.instant(self._index) + SEND_OFFSET_S

@@ -39,6 +39,7 @@ class Downlink:
         self._fill = 0
         self.frames = 0
         self.silent_packets = 0  # packets sent with nothing queued
+        self.skipped_packets = 0  # packet instants the sender passed unsent (it ran late)
         self.dropped_samples = 0
         # the steps' tokens until `take_tokens`; bounded, so a call nobody captions cannot grow
         self.tokens: deque[NDArray[np.int32]] = deque(maxlen=TOKEN_BACKLOG_FRAMES)
@@ -90,6 +91,7 @@ class Downlink:
         drop = min(self._fill, packets * self.packet_samples)
         self._discard(drop)
         self.dropped_samples += drop
+        self.skipped_packets += packets
 
     def next_packet(self) -> NDArray[np.int16]:
         self.sending = True

@@ -39,3 +39,13 @@ def test_late_frames_do_not_ratchet_the_send_queue_up() -> None:
     # ... and 2 s later it is back within one packet (20 ms) of the on-time level
     for frame in (150, 240, 290):
         assert late[frame] <= steady + 20, (frame, late[frame], steady)
+
+
+def test_packet_instants_a_late_sender_passed_are_counted_with_their_audio() -> None:
+    """For the call's record: the WebRTC send track's skips were counted nowhere a person
+    could see them (the phone side's were, as rtp.skipped)."""
+    downlink = Downlink(24000, CODEC_RATE, PACKET, 0.12)
+    downlink.next_packet()  # the sender started: frames queue from now on
+    downlink.accept([DownlinkFrame(1, np.full(1920, 1000, np.int16), np.zeros(0, np.int32))])
+    downlink.skip(3)
+    assert (downlink.skipped_packets, downlink.dropped_samples) == (3, 3 * PACKET)
