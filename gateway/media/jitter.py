@@ -28,6 +28,10 @@ import numpy as np
 
 SEQ_MOD = 1 << 16
 TS_MOD = 1 << 32
+# RFC 3550 appendix A.1: a jump further than these, then the next number, is a renumbered
+# stream (an SBC passing a new source through under the same SSRC), not loss or reordering
+MAX_DROPOUT = 3000
+MAX_MISORDER = 100
 
 
 class Unit(Enum):
@@ -117,6 +121,7 @@ class JitterBuffer:
         self._played_ts: int | None = None  # the last played packet's timestamp
         self._concealed = 0  # samples concealed (EMPTY, LOST) since that packet
         self._ssrc: int | None = None
+        self._bad_seq: int | None = None  # the number that confirms a jump (RFC 3550 A.1)
         self.recent_delays_s: deque[float] = deque(maxlen=self._window_packets)
 
     # -- arrivals ----------------------------------------------------------------------------
@@ -130,7 +135,8 @@ class JitterBuffer:
         ext = self._extend(seq)
         outcome = Arrival.ACCEPTED
         new_sender = ssrc is not None and self._ssrc is not None and ssrc != self._ssrc
-        if new_sender or (self._highest is not None and abs(ext - self._highest) > SEQ_MOD // 4):
+        jump = 0 if self._highest is None else ext - self._highest
+        if new_sender or abs(jump) > SEQ_MOD // 4 or self._renumbered(seq, jump):
             self._restart()
             self.counters.restarts += 1
             ext = seq
@@ -158,6 +164,18 @@ class JitterBuffer:
             self._first_arrival_s = now_s
         self._trim()
         return outcome
+
+    def _renumbered(self, seq: int, jump: int) -> bool:
+        """A jump past MAX_DROPOUT ahead or MAX_MISORDER behind, confirmed by the next number
+        (the jumping packet itself is dropped, as RFC 3550 A.1 does). Without this, a stream
+        renumbered 1000 behind was dropped as late for 20 s."""
+        if -MAX_MISORDER <= jump <= MAX_DROPOUT:
+            self._bad_seq = None
+            return False
+        if seq == self._bad_seq:
+            return True
+        self._bad_seq = (seq + 1) % SEQ_MOD
+        return False
 
     def _extend(self, seq: int) -> int:
         if self._highest is None:

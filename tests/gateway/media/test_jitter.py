@@ -11,6 +11,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
+import pytest
 
 from gateway.media.jitter import Arrival, JitterBuffer, JitterConfig, Unit
 
@@ -209,6 +210,22 @@ def test_a_restarted_stream_is_followed() -> None:
         jb.pull(k * PACKET_S + 0.05)
     assert jb.push(40000, 123, b"b", 0.3) is Arrival.RESTARTED
     assert jb.counters.restarts == 1
+
+
+@pytest.mark.parametrize("jump", [-1000, -200, 5000])
+def test_a_stream_renumbered_under_the_same_ssrc_is_followed(jump: int) -> None:
+    """An SBC passing a new source through keeps the SSRC: behind, every packet was dropped
+    as late (20 s of silence for 1000 numbers); ahead, thousands of numbers were lost."""
+    jb = JitterBuffer()
+    now, units = 0.0, []
+    for k in range(300):
+        seq = (10_000 + k + (jump if k >= 100 else 0)) % 65536
+        jb.push(seq, k * SAMPLES, k.to_bytes(4, "big"), now + 0.005, ssrc=7)
+        now += PACKET_S
+        units.append(jb.pull(now).unit)
+    assert units[110:].count(Unit.PACKET) >= 185, jb.counters
+    assert jb.counters.lost <= 1
+    assert jb.counters.late <= 1, "at most the jumping packet, before its successor confirms"
 
 
 def test_late_and_duplicate_arrivals_are_reported() -> None:
