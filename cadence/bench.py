@@ -43,6 +43,7 @@ log = logging.getLogger(__name__)
 
 PROGRESS_EVERY_S = 10.0
 STOP_TIMEOUT_S = 30.0  # a large model's engine may take a while to free the GPU
+UNACCOUNTED_SLACK = 2  # periods: the tick in flight as the window opens and as it closes
 AGE_AFTER_S = 0.5  # after the last open, before aging: several ticks, so every call has reset
 INTERRUPTED = 130  # Ctrl-C or SIGTERM: the runs so far are reported, marked interrupted
 
@@ -76,6 +77,7 @@ def bench_engine(args: argparse.Namespace, engine_argv: Callable[[int], list[str
         "full_context": args.full_context,
         "runs": [],
         "largest_zero_miss_calls": None,
+        "complete": False,  # until the sweep ends: a file left by a killed run says so
     }
     # SIGTERM (a `timeout`, a cancelled job) ends the run as Ctrl-C does: engine stopped,
     # segment unlinked, the runs so far reported
@@ -94,6 +96,7 @@ def bench_engine(args: argparse.Namespace, engine_argv: Callable[[int], list[str
         result["interrupted"] = True
         _report(result, args.json)
         return INTERRUPTED
+    result["complete"] = True
     _report(result, args.json)
     if any("error" in run for run in result["runs"]):
         return 1
@@ -106,8 +109,10 @@ def _interrupt(signum: int, frame: FrameType | None) -> None:
 
 def _report(result: dict[str, Any], path: Path | None, stdout: bool = True) -> None:
     text = json.dumps(result, indent=1) + "\n"
-    if path is not None:
-        path.write_text(text)
+    if path is not None:  # whole or not at all: a reader (or a kill) never sees half a file
+        partial = path.with_name(path.name + ".partial")
+        partial.write_text(text)
+        partial.replace(path)
     if stdout:
         sys.stdout.write(text)
 
@@ -157,7 +162,9 @@ def _measure(
                 if not reply.get("ok"):
                     return {"calls": calls, "error": f"age refused: {reply}"}
             log.info("%d calls open; ticking for %.0f s", calls, seconds)
-            end = time.monotonic() + seconds
+            first = ask(sock, {"op": "status"})
+            start = time.monotonic()
+            end = start + seconds
             while time.monotonic() < end:
                 time.sleep(min(PROGRESS_EVERY_S, max(0.0, end - time.monotonic())))
                 status = ask(sock, {"op": "status"})
@@ -168,8 +175,13 @@ def _measure(
                     status.get("recent_tick_ms"),
                 )
             status = ask(sock, {"op": "status"})
+            elapsed = time.monotonic() - start
         per_call = status["calls"]
         missed = sum(int(c["misses"]) for c in per_call)
+        # every period of the window is a tick run or skipped: one still running (a stall, a
+        # hang) is neither yet, and its miss would be counted after the result was read
+        counted = status["ticks"] - first["ticks"] + status["skipped"] - first["skipped"]
+        unaccounted = max(0, int(elapsed * 1000 / args.tick_ms) - UNACCOUNTED_SLACK - counted)
         return {
             "model": status["model"],
             "executor": status["executor"],
@@ -183,7 +195,8 @@ def _measure(
             "busy_share": status.get("busy_share"),
             "kernels_per_tick": status.get("kernels_per_tick"),
             "gpu_memory_gb": status.get("gpu_memory_gb"),
-            "zero_misses": missed == 0 and status["misses"] == 0,
+            "unaccounted_ticks": unaccounted,
+            "zero_misses": missed == 0 and status["misses"] == 0 and unaccounted == 0,
         }
     except (OSError, ValueError, KeyError) as error:  # the engine went away mid-run
         engine.poll()

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from engine.control import ControlError, ask_once
 from tests.support.server import children_of
 
 
@@ -36,11 +37,13 @@ def test_sweep_holds_each_call_count_and_reports_the_largest(tmp_path: Path) -> 
     assert json.loads(done.stdout) == result
     assert [run["calls"] for run in result["runs"]] == [1, 3]  # ascending
     assert result["largest_zero_miss_calls"] == 3
+    assert result["complete"] is True
     for run in result["runs"]:
         assert run["model"] == "echo"
         assert run["executor"] == "eager"
         assert run["zero_misses"]
         assert run["deadline_misses"] == 0
+        assert run["unaccounted_ticks"] == 0
         # ~25 ticks in 2 s for each call; the first tick may start before every open lands
         assert run["session_ticks"] >= run["calls"] * 20
         assert 0 < run["busy_share"] < 0.5  # echo copies frames: far under the period
@@ -95,6 +98,7 @@ def test_sigterm_mid_run_stops_the_engine_and_reports_what_ran(tmp_path: Path) -
     while not out.exists():  # the first run (1 call) is reported: the second one is running
         assert time.monotonic() < deadline, "the first run never finished"
         time.sleep(0.1)
+    assert json.loads(out.read_text())["complete"] is False, "a killed sweep's file says so"
     time.sleep(1.0)
     engines = children_of(bench.pid)
     assert engines, "the second run's engine is up"
@@ -103,7 +107,7 @@ def test_sigterm_mid_run_stops_the_engine_and_reports_what_ran(tmp_path: Path) -
     assert bench.returncode == 130, stderr
     assert "Traceback" not in stderr
     result = json.loads(stdout)
-    assert result["interrupted"] is True
+    assert (result["interrupted"], result["complete"]) == (True, False)
     assert [run["calls"] for run in result["runs"]] == [1]
     assert json.loads(out.read_text()) == result
     assert _shm_segments(bench.pid) == []
@@ -124,6 +128,13 @@ def _engines_of(pid: int) -> list[int]:
     return found
 
 
+def _calls_open(control: Path) -> int:
+    try:
+        return len(ask_once(control, {"op": "status"}, timeout_s=1.0)["calls"])
+    except (ControlError, OSError):
+        return 0  # not listening yet
+
+
 def test_an_engine_that_dies_mid_run_is_an_error_in_the_result() -> None:
     bench = _start_bench("--slots=1", "--seconds=30")
     deadline = time.monotonic() + 60
@@ -138,3 +149,30 @@ def test_an_engine_that_dies_mid_run_is_an_error_in_the_result() -> None:
     (run,) = json.loads(stdout)["runs"]
     assert run["error"] == "engine exited (status -9)"
     assert _shm_segments(bench.pid) == []
+
+
+def test_a_tick_still_running_when_the_window_closes_is_no_pass(tmp_path: Path) -> None:
+    """The engine stopped (SIGSTOP) across the end of the window: its ticks then were neither
+    run nor skipped when the counters were read, and their misses came after. The run used
+    to pass, even with zero ticks; its file, left by a killed sweep, looked finished."""
+    out = tmp_path / "bench.json"
+    bench = _start_bench("--slots=1", "--seconds=3", f"--json={out}")
+    deadline = time.monotonic() + 60
+    while not (engines := _engines_of(bench.pid)):
+        assert time.monotonic() < deadline, "no engine started"
+        time.sleep(0.1)
+    argv = Path(f"/proc/{engines[0]}/cmdline").read_bytes().decode().split("\0")
+    control = Path(next(a for a in argv if a.startswith("--control=")).split("=", 1)[1])
+    while not _calls_open(control):  # the bench's window opens once its call is
+        assert time.monotonic() < deadline, "no call opened"
+        time.sleep(0.05)
+    time.sleep(1.5)
+    os.kill(engines[0], signal.SIGSTOP)  # past the window's end (3 s)
+    time.sleep(3.0)
+    os.kill(engines[0], signal.SIGCONT)
+    stdout, stderr = bench.communicate(timeout=60)
+    assert bench.returncode == 3, stderr
+    (run,) = json.loads(stdout)["runs"]
+    assert not run["zero_misses"], run
+    assert run["unaccounted_ticks"] > 0 or run["deadline_misses"] > 0, run
+    assert json.loads(out.read_text())["complete"] is True
