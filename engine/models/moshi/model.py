@@ -44,6 +44,7 @@ from engine.models.moshi.prompt import (
     SINE_CODES,
     SINE_HZ,
     personaplex_frames,
+    system_tagged,
 )
 from engine.models.moshi.sampling import Sampling
 from engine.models.moshi.tokenizer import TextTokenizer
@@ -105,7 +106,7 @@ class MoshiModel:
         if role_text:
             if self.tokenizer is None:
                 raise ValueError("a role text needs the checkpoint's tokenizer file")
-            text = self.tokenizer.encode(role_text)
+            text = self.tokenizer.encode(system_tagged(role_text))
         audio = self.config.lm.audio_codebooks
         voice = torch.zeros(0, audio, dtype=torch.long)
         if voice_pcm is not None and voice_pcm.size:

@@ -24,6 +24,16 @@ SINE_CODES = (430, 1268, 381, 1611, 1095, 1495, 56, 472)
 SINE_HZ = 440.0
 SINE_AMPLITUDE = 0.5
 SILENCE_FRAMES = 6  # 0.5 s at 12.5 Hz, before and after the role text
+SYSTEM_TAG = "<system>"  # PersonaPlex was trained on role texts between two of these
+
+
+def system_tagged(role_text: str) -> str:
+    """The role text as PersonaPlex saw its roles in training: "<system> ... <system>"
+    (NVIDIA's own scripts add the tags; a text that has them already is kept)."""
+    text = role_text.strip()
+    if text.startswith(SYSTEM_TAG) and text.endswith(SYSTEM_TAG) and len(text) > len(SYSTEM_TAG):
+        return text
+    return f"{SYSTEM_TAG} {text} {SYSTEM_TAG}"
 
 
 def personaplex_frames(

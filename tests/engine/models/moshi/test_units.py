@@ -10,7 +10,12 @@ pytest.importorskip("torch")
 import torch
 
 from engine.models.moshi.config import load_config
-from engine.models.moshi.prompt import SILENCE_CODES, SINE_CODES, personaplex_frames
+from engine.models.moshi.prompt import (
+    SILENCE_CODES,
+    SINE_CODES,
+    personaplex_frames,
+    system_tagged,
+)
 from engine.models.moshi.sampling import Sampling, sample
 
 
@@ -68,6 +73,32 @@ def test_personaplex_prompt_frames_layout() -> None:
     assert torch.equal(frames[:2, 1:9], voice)
     assert all(row[1:9].tolist() == list(SILENCE_CODES) for row in frames[2:])
     assert all(row[9:].tolist() == list(SINE_CODES) for row in frames)
+
+
+def test_the_role_text_goes_in_between_system_tags_as_in_training() -> None:
+    assert system_tagged("  You are Jane. ") == "<system> You are Jane. <system>"
+    assert system_tagged("<system> You are Jane. <system>") == "<system> You are Jane. <system>"
+    assert system_tagged("<system>") == "<system> <system> <system>", "one tag is no pair"
+
+
+def test_the_model_encodes_the_tagged_role_text() -> None:
+    from engine.models import ModelOptions, build_model
+    from engine.models.moshi.model import MoshiModel
+
+    class Recording:
+        def __init__(self) -> None:
+            self.texts: list[str] = []
+
+        def encode(self, text: str) -> list[int]:
+            self.texts.append(text)
+            return [5, 6]
+
+    model = build_model("moshi", 1, ModelOptions(random_weights=0, config="tiny"))
+    assert isinstance(model, MoshiModel)
+    tokenizer = Recording()
+    model.tokenizer = tokenizer  # type: ignore[assignment]
+    model.set_personaplex_prompt(None, "You are Jane.")
+    assert tokenizer.texts == ["<system> You are Jane. <system>"]
 
 
 @pytest.mark.gpu
