@@ -24,6 +24,17 @@ MOSHI_DELAYS = (0, 0, 1, 1, 1, 1, 1, 1, 1, 0, 1, 1, 1, 1, 1, 1, 1)
 DEFAULT_CONTEXT_FRAMES = 1500  # 2 minutes at 12.5 Hz
 
 
+def _check_sizes(config: object, may_be_zero: tuple[str, ...]) -> None:
+    """Every count, width and period of a config positive (zero where named): a zero there
+    would fail deep in the model's build, or build a model of nothing."""
+    for item in dataclasses.fields(config):  # type: ignore[arg-type]
+        value = getattr(config, item.name)
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            continue
+        if value < 0 or (value == 0 and item.name not in may_be_zero):
+            raise ValueError(f"{item.name} must be positive, got {value}")
+
+
 @dataclass(frozen=True)
 class LmConfig:
     """The multistream LM: one text stream, `audio_codebooks` model codebooks, as many user ones."""
@@ -46,6 +57,9 @@ class LmConfig:
     text_padding_id: int = 3
 
     def __post_init__(self) -> None:
+        _check_sizes(self, may_be_zero=("text_padding_id",))
+        if self.text_padding_id >= self.text_card:
+            raise ValueError(f"text_padding_id must be below text_card ({self.text_card})")
         if len(self.delays) != 1 + 2 * self.audio_codebooks:
             raise ValueError(
                 f"expected {1 + 2 * self.audio_codebooks} delays, got {len(self.delays)}"
@@ -95,6 +109,9 @@ class MimiConfig:
     codebooks: int = 8  # used
 
     def __post_init__(self) -> None:
+        _check_sizes(self, may_be_zero=("n_residual_layers",))
+        if not self.ratios or min(self.ratios) < 1:
+            raise ValueError("ratios must be one or more positive strides")
         if self.frame_samples % self.hop_samples:
             raise ValueError("a frame must hold a whole number of encoder hops")
         if self.encoder_steps_per_frame < 1:
@@ -169,13 +186,33 @@ def tiny() -> MoshiConfig:
 NAMED_CONFIGS = {"moshiko": moshiko, "7b": moshiko, "personaplex": personaplex, "tiny": tiny}
 
 
-def _replace(obj: Any, overrides: dict[str, Any], where: str) -> Any:
+def _replace(obj: Any, overrides: object, where: str) -> Any:
+    if not isinstance(overrides, dict):
+        raise ValueError(f"config key {where!r} must hold an object, got {overrides!r}")
     known = {f.name for f in dataclasses.fields(obj)}
     unknown = set(overrides) - known
     if unknown:
         raise ValueError(f"unknown {where} config keys: {sorted(unknown)}")
-    values = {k: tuple(v) if isinstance(v, list) else v for k, v in overrides.items()}
+    values = {k: _typed(v, getattr(obj, k), f"{where}.{k}") for k, v in overrides.items()}
     return dataclasses.replace(obj, **values)
+
+
+def _typed(value: object, current: object, key: str) -> object:
+    """An override as the type of the value it replaces (a JSON list as a tuple of ints)."""
+    is_int = isinstance(value, int) and not isinstance(value, bool)
+    if isinstance(current, tuple):
+        if isinstance(value, list) and all(
+            isinstance(v, int) and not isinstance(v, bool) for v in value
+        ):
+            return tuple(value)
+        raise ValueError(f"{key} must be a list of integers, got {value!r}")
+    if isinstance(current, float) and (is_int or isinstance(value, float)):
+        return float(value)  # type: ignore[arg-type]
+    if isinstance(current, int) and is_int:
+        return value
+    if isinstance(current, str) and isinstance(value, str):
+        return value
+    raise ValueError(f"{key} must be {type(current).__name__}, got {value!r}")
 
 
 def config_from_dict(data: dict[str, Any]) -> MoshiConfig:
@@ -184,13 +221,13 @@ def config_from_dict(data: dict[str, Any]) -> MoshiConfig:
     if unknown:
         raise ValueError(f"unknown config keys: {sorted(unknown)}")
     base_name = data.get("base", "moshiko")
-    if base_name not in NAMED_CONFIGS:
+    if not isinstance(base_name, str) or base_name not in NAMED_CONFIGS:
         raise ValueError(f"unknown base config {base_name!r}")
     base = NAMED_CONFIGS[base_name]()
     return MoshiConfig(
         name=str(data.get("name", base.name)),
-        lm=_replace(base.lm, dict(data.get("lm", {})), "lm"),
-        mimi=_replace(base.mimi, dict(data.get("mimi", {})), "mimi"),
+        lm=_replace(base.lm, data.get("lm", {}), "lm"),
+        mimi=_replace(base.mimi, data.get("mimi", {}), "mimi"),
     )
 
 
@@ -201,11 +238,20 @@ def load_config(spec: str) -> MoshiConfig:
     path = Path(spec)
     if not path.is_file():
         raise ValueError(f"config {spec!r} is neither a named config nor a file")
+    suffix = path.suffix.lower()
+    if suffix not in (".json", ".toml"):
+        raise ValueError(f"config file {path}: a .json or .toml file, not {path.suffix or 'none'}")
     text = path.read_text()
-    data = tomllib.loads(text) if path.suffix == ".toml" else json.loads(text)
+    try:
+        data = tomllib.loads(text) if suffix == ".toml" else json.loads(text)
+    except (json.JSONDecodeError, tomllib.TOMLDecodeError) as error:
+        raise ValueError(f"config file {path}: {error}") from None
     if not isinstance(data, dict):
         raise ValueError(f"config file {path} must hold an object")
-    return config_from_dict(data)
+    try:
+        return config_from_dict(data)
+    except ValueError as error:
+        raise ValueError(f"config file {path}: {error}") from None
 
 
 def gated_hidden(dim: int, dim_feedforward: int) -> int:

@@ -1,6 +1,7 @@
 """Sampling, configs and prompt frames: the parts with no reference counterpart to run."""
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -58,6 +59,44 @@ def test_named_and_file_configs(tmp_path: Path) -> None:
         load_config(str(bad))
     with pytest.raises(ValueError, match="dep_q must be"):
         load_config(str(_write(tmp_path / "d.json", {"base": "tiny", "lm": {"dep_q": 5}})))
+
+
+@pytest.mark.parametrize(
+    ("data", "message"),
+    [
+        ({"base": "tiny", "lm": {"num_layers": "3"}}, "lm.num_layers must be int, got '3'"),
+        ({"base": "tiny", "lm": {"num_layers": 2.5}}, "lm.num_layers must be int"),
+        ({"base": "tiny", "lm": {"dim": None}}, "lm.dim must be int, got None"),
+        ({"base": "tiny", "lm": 5}, "config key 'lm' must hold an object"),
+        ({"base": "tiny", "lm": {"delays": 5}}, "lm.delays must be a list of integers"),
+        ({"base": ["tiny"]}, "unknown base config"),
+        ({"base": "tiny", "lm": {"num_heads": 0}}, "num_heads must be positive"),
+        ({"base": "tiny", "lm": {"num_layers": 0}}, "num_layers must be positive"),
+        ({"base": "tiny", "lm": {"max_period": -1}}, "max_period must be positive"),
+        ({"base": "tiny", "lm": {"text_padding_id": 999}}, "text_padding_id must be below"),
+        ({"base": "tiny", "mimi": {"ratios": []}}, "ratios must be one or more"),
+    ],
+)
+def test_a_bad_config_file_is_one_line_naming_the_file_and_key(
+    tmp_path: Path, data: object, message: str
+) -> None:
+    """They raised TypeError, ZeroDivisionError or IndexError deep in the build (a traceback),
+    or built a model of nothing (zero layers) that ran."""
+    path = _write(tmp_path / "c.json", data)
+    with pytest.raises(ValueError, match=re.escape(message)) as refused:
+        load_config(str(path))
+    assert str(refused.value).startswith(f"config file {path}: ")
+
+
+def test_a_config_file_of_another_format_is_named_as_such(tmp_path: Path) -> None:
+    path = tmp_path / "c.yaml"
+    path.write_text("base: tiny\n")
+    with pytest.raises(ValueError, match=r"c\.yaml: a \.json or \.toml file, not \.yaml"):
+        load_config(str(path))
+    broken = tmp_path / "c.JSON"
+    broken.write_text("{")
+    with pytest.raises(ValueError, match=r"c\.JSON: Expecting"):
+        load_config(str(broken))
 
 
 def _write(path: Path, data: object) -> Path:
