@@ -165,6 +165,8 @@ def run_infer(args: argparse.Namespace) -> int:
         for output in (args.output, args.tokens):
             if output is not None:
                 check_writable(output)
+        if args.tokens is not None and args.tokens.resolve() == args.output.resolve():
+            raise ValueError(f"--tokens and --output are the same file: {args.output}")
         pcm, rate = read_wav(args.input)
         options = ModelOptions(
             checkpoint=args.checkpoint,

@@ -258,8 +258,13 @@ def load_into(
                 wanted = " or ".join(_shape(s) for s in sorted(allowed))
                 problems.append(f"tensor {key} has shape {_shape(got)}, expected {wanted}")
                 bad = True
+        stored = [state[k] for k in source.keys] if not bad else []
+        if any(not t.is_floating_point() for t in stored) and param.is_floating_point():
+            kinds = ", ".join(f"{k} ({state[k].dtype})" for k in source.keys)
+            problems.append(f"tensors {kinds} are not floating point, the weights they load are")
+            bad = True
         if not bad:
-            values[name] = source.build([state[k] for k in source.keys])
+            values[name] = source.build(stored)
             if values[name].shape != param.shape:
                 problems.append(
                     f"tensors {', '.join(source.keys)} give shape {_shape(values[name].shape)}, "

@@ -134,6 +134,32 @@ def test_mismatched_shape_names_both_shapes(
         load(write_variant(reference[0], tmp_path / "ckpt", shrink))
 
 
+def test_integer_tensors_for_float_weights_are_named(
+    reference: tuple[Path, LMModel, MimiModel], tmp_path: Path
+) -> None:
+    """They were cast and loaded: a model with other weights, and no word of it."""
+
+    def as_integers(state: dict[str, torch.Tensor]) -> None:
+        state["text_linear.weight"] = state["text_linear.weight"].to(torch.int32)
+
+    with pytest.raises(
+        CheckpointError,
+        match=r"tensors text_linear\.weight \(torch\.int32\) are not floating point",
+    ):
+        load(write_variant(reference[0], tmp_path / "ckpt", as_integers))
+
+
+def test_tokens_written_over_the_output_is_refused_before_the_run(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    source, out = tmp_path / "in.wav", tmp_path / "out.wav"
+    write_wav(source, np.zeros(1920, np.float32), 24000)
+    run = ["--random-weights", "--config", "tiny", "--input", str(source), "--output", str(out)]
+    assert infer([*run, "--tokens", str(tmp_path / "." / "out.wav")]) == 2
+    assert "--tokens and --output are the same file" in capsys.readouterr().err
+    assert not out.exists()
+
+
 def test_a_checkpoint_of_another_size_fails_before_the_model_is_built(
     reference: tuple[Path, LMModel, MimiModel], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
