@@ -23,6 +23,7 @@ import json
 import logging
 import os
 import platform
+import shlex
 import signal
 import socket
 import subprocess
@@ -48,19 +49,47 @@ AGE_AFTER_S = 0.5  # after the last open, before aging: several ticks, so every 
 INTERRUPTED = 130  # Ctrl-C or SIGTERM: the runs so far are reported, marked interrupted
 
 
-def versions() -> dict[str, str]:
-    """The machine a benchmark ran on: Python, platform, and torch and the GPU where present."""
+def versions(device: str = "cuda") -> dict[str, str]:
+    """The machine a benchmark ran on: Python, platform, Cadence's commit when it runs from a
+    checkout, and torch and the GPU (`device`'s) where present."""
     found = {"python": platform.python_version(), "platform": platform.platform()}
+    commit = _commit()
+    if commit is not None:
+        found["cadence_commit"] = commit
     try:
         import torch
 
         found["torch"] = torch.__version__
         if torch.cuda.is_available():
-            found["gpu"] = torch.cuda.get_device_name()
+            cuda = torch.device(device if device.startswith("cuda") else "cuda")
+            found["gpu"] = torch.cuda.get_device_name(cuda)
             found["cuda"] = str(torch.version.cuda)
     except ImportError:
         pass
     return found
+
+
+def _commit() -> str | None:
+    """The checkout's commit, "+dirty" with uncommitted changes; None outside a checkout."""
+    here = Path(__file__).resolve().parent.parent
+    try:
+        head = subprocess.run(
+            ["git", "-C", str(here), "rev-parse", "HEAD"],
+            capture_output=True,
+            text=True,
+            timeout=10,
+        )
+        changed = subprocess.run(
+            ["git", "-C", str(here), "status", "--porcelain", "--untracked-files=no"],
+            capture_output=True,
+            text=True,
+            timeout=10,
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    if head.returncode != 0:
+        return None
+    return head.stdout.strip() + ("+dirty" if changed.stdout.strip() else "")
 
 
 def bench_engine(args: argparse.Namespace, engine_argv: Callable[[int], list[str]]) -> int:
@@ -71,8 +100,8 @@ def bench_engine(args: argparse.Namespace, engine_argv: Callable[[int], list[str
     if args.json is not None:
         check_writable(args.json)  # before the first run, not after it
     result: dict[str, Any] = {
-        "command": " ".join(["cadence", *sys.argv[1:]]),
-        "machine": versions(),
+        "command": shlex.join(["cadence", *sys.argv[1:]]),  # replayable, quotes and all
+        "machine": versions(args.device),
         "seconds": args.seconds,
         "full_context": args.full_context,
         "runs": [],

@@ -2,6 +2,8 @@
 
 import json
 import os
+import re
+import shlex
 import signal
 import subprocess
 import sys
@@ -38,6 +40,8 @@ def test_sweep_holds_each_call_count_and_reports_the_largest(tmp_path: Path) -> 
     assert [run["calls"] for run in result["runs"]] == [1, 3]  # ascending
     assert result["largest_zero_miss_calls"] == 3
     assert result["complete"] is True
+    assert re.fullmatch(r"[0-9a-f]{40}(\+dirty)?", result["machine"]["cadence_commit"])
+    assert shlex.split(result["command"])[-1] == f"--json={out}"
     for run in result["runs"]:
         assert run["model"] == "echo"
         assert run["executor"] == "eager"
