@@ -554,6 +554,23 @@ def test_an_error_in_the_loop_still_closes_the_executor(
     assert executor.calls == ["run"] * 3 + ["arm", "close"] + ["run", "arm", "run", "close"]
 
 
+def _patched_engine(
+    script: str, tmp_path: Path, stderr: int
+) -> tuple["subprocess.Popen[str]", Path, str]:
+    """`cadence engine` (2 slots) run by `script`, which patches it first; its control socket
+    and ring name."""
+    control = tmp_path / "engine.sock"
+    ring = f"cadence-test-engine-{time.monotonic_ns()}"
+    argv = ["engine", f"--control={control}", f"--ring={ring}", "--slots=2", "--metrics-port=0"]
+    engine = subprocess.Popen(
+        [sys.executable, "-c", script, *argv],
+        cwd=Path(__file__).resolve().parents[2],
+        stderr=stderr,
+        text=True,
+    )
+    return engine, control, ring
+
+
 # `cadence engine` whose model load takes 60 s: it says so on stderr first, then sleeps
 SLOW_LOAD = (
     "import sys, time\n"
@@ -576,15 +593,7 @@ def test_a_stop_while_the_model_loads_ends_the_engine_cleanly(
     handlers it used to): SIGTERM killed it without a word, SIGINT printed a KeyboardInterrupt
     traceback and exited 1. Now, as a stop during warm-up: one line, status 0 (a normal
     stop's), no shared-memory segment and no control socket left."""
-    control = tmp_path / "engine.sock"
-    ring = f"cadence-test-load-stop-{time.monotonic_ns()}"
-    argv = ["engine", f"--control={control}", f"--ring={ring}", "--slots=2", "--metrics-port=0"]
-    engine = subprocess.Popen(
-        [sys.executable, "-c", SLOW_LOAD, *argv],
-        cwd=Path(__file__).resolve().parents[2],
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    engine, control, ring = _patched_engine(SLOW_LOAD, tmp_path, subprocess.PIPE)
     lines: list[str] = []
     loading = threading.Event()
 
@@ -635,14 +644,7 @@ def test_a_stopping_engine_refuses_calls_from_the_signal_on(tmp_path: Path) -> N
     """A call opened between SIGTERM and the control socket's close (the last tick and the
     armed step running out) used to be admitted, then cut with the engine: it is refused as
     `draining`, which a gateway answers with 503 and Retry-After."""
-    control = tmp_path / "engine.sock"
-    ring = f"cadence-test-drain-{time.monotonic_ns()}"
-    argv = ["engine", f"--control={control}", f"--ring={ring}", "--slots=2", "--metrics-port=0"]
-    engine = subprocess.Popen(
-        [sys.executable, "-c", SLOW_RUN_OUT, *argv],
-        cwd=Path(__file__).resolve().parents[2],
-        stderr=subprocess.DEVNULL,
-    )
+    engine, control, ring = _patched_engine(SLOW_RUN_OUT, tmp_path, subprocess.DEVNULL)
     try:
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:  # ready: the socket is up and opens are accepted
