@@ -5,7 +5,9 @@ admission socket (the slots are live; their uplink is silence, which costs the m
 speech costs), lets the engine tick for the given time, and reads back the per-call counters:
 session-ticks served, deadline misses, tick time (release to outputs published) percentiles,
 the busy share of the 80 ms period, the kernels one tick launches (the captured graph's kernel
-nodes) and GPU memory. The verdict is zero misses or not; nothing is extrapolated. `--sweep`
+nodes) and GPU memory. The verdict is zero misses, every period of the window a tick run
+or skipped (`unaccounted_ticks` 0: a tick still running as the counters are read is no
+pass), or not; nothing is extrapolated. `--sweep`
 runs one engine per call count, ascending, and reports the largest count with zero misses.
 Attention skips the ring entries a young call has not written, so only a run longer than the KV
 context (2 minutes by default) measures the worst case, every ring full: the default is 130 s.
