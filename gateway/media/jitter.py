@@ -46,6 +46,7 @@ class Arrival(Enum):
     DUPLICATE = "duplicate"
     LATE = "late"
     RESTARTED = "restarted"  # a jump in sequence numbers: the stream was reset
+    HELD = "held"  # a jump far ahead, dropped until the next number confirms it (RFC 3550 A.1)
 
 
 @dataclass(frozen=True)
@@ -87,6 +88,7 @@ class JitterCounters:
     dropped: int = 0  # played-out delay reduced by one packet
     stretched: int = 0  # played-out delay raised by one packet
     restarts: int = 0
+    held: int = 0  # packets that jumped far ahead, unconfirmed: dropped
 
 
 @dataclass(frozen=True)
@@ -141,6 +143,9 @@ class JitterBuffer:
             self.counters.restarts += 1
             ext = seq
             outcome = Arrival.RESTARTED
+        elif jump > MAX_DROPOUT:  # kept out, and _highest with it, so the next can confirm
+            self.counters.held += 1
+            return Arrival.HELD
         if ssrc is not None:
             self._ssrc = ssrc
         if ext in self._packets:

@@ -50,6 +50,8 @@ class SipSignalling:
         self._timer: asyncio.TimerHandle | None = None
         self._tasks: set[asyncio.Task[None]] = set()
         self._names: dict[str, tuple[str, float]] = {}  # name -> (address, looked up until)
+        # one lookup per name at a time: the sends behind it resume, and go out, in order
+        self._lookups: dict[str, asyncio.Task[str | None]] = {}
 
     async def start(self, host: str, port: int) -> None:
         loop = asyncio.get_running_loop()
@@ -126,7 +128,7 @@ class SipSignalling:
         if out.transport == "udp":
             host, port = out.destination
             known = host if _is_address(host) else self._known_address(host)
-            if known is None:
+            if known is None or host in self._lookups:
                 self._spawn(self._look_up_and_send(out))
             elif self._udp is not None:
                 self._udp.sendto(out.data, (known, port))
@@ -148,8 +150,17 @@ class SipSignalling:
 
     async def _look_up_and_send(self, out: Outgoing) -> None:
         host, port = out.destination
+        lookup = self._lookups.get(host)
+        if lookup is None:
+            lookup = self._lookups[host] = asyncio.create_task(self._look_up(host, port))
+            lookup.add_done_callback(lambda _: self._lookups.pop(host, None))
+        address = await lookup
+        if address is not None and self._udp is not None:
+            self._udp.sendto(out.data, (address, port))
+
+    async def _look_up(self, host: str, port: int) -> str | None:
         if self._udp is None:
-            return
+            return None
         family = self._udp.get_extra_info("socket").family
         try:
             found = await asyncio.get_running_loop().getaddrinfo(
@@ -157,11 +168,10 @@ class SipSignalling:
             )
         except OSError as error:  # socket.gaierror: the transaction times out, ending its call
             log.warning("SIP to %s:%d not sent: %s", host, port, error)
-            return
+            return None
         address = str(found[0][4][0])
         self._names[host] = (address, time.monotonic() + NAME_TTL_S)
-        if self._udp is not None:
-            self._udp.sendto(out.data, (address, port))
+        return address
 
     async def _connect_and_send(self, out: Outgoing) -> None:
         try:
