@@ -74,24 +74,15 @@ def versions(device: str = "cuda") -> dict[str, str]:
 def _commit() -> str | None:
     """The checkout's commit, "+dirty" with uncommitted changes; None outside a checkout."""
     here = Path(__file__).resolve().parent.parent
+    # tags excluded: the bare 40-digit commit, whatever the history is tagged
+    describe = ["describe", "--always", "--abbrev=40", "--dirty=+dirty", "--exclude=*"]
     try:
-        head = subprocess.run(
-            ["git", "-C", str(here), "rev-parse", "HEAD"],
-            capture_output=True,
-            text=True,
-            timeout=10,
-        )
-        changed = subprocess.run(
-            ["git", "-C", str(here), "status", "--porcelain", "--untracked-files=no"],
-            capture_output=True,
-            text=True,
-            timeout=10,
+        found = subprocess.run(
+            ["git", "-C", str(here), *describe], capture_output=True, text=True, timeout=10
         )
     except (OSError, subprocess.TimeoutExpired):
         return None
-    if head.returncode != 0:
-        return None
-    return head.stdout.strip() + ("+dirty" if changed.stdout.strip() else "")
+    return found.stdout.strip() if found.returncode == 0 else None
 
 
 def bench_engine(args: argparse.Namespace, engine_argv: Callable[[int], list[str]]) -> int:

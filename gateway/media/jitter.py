@@ -251,8 +251,8 @@ class JitterBuffer:
             self._stretch = False
             self.counters.stretched += 1
             return Playout(Unit.EMPTY, None, samples)
-        if self._next not in self._packets and self._packets and self._gap_is_concealed():
-            self._next = min(self._packets)  # what is missing held no audio not yet concealed
+        if self._next not in self._packets and self._packets:
+            self._skip_concealed_gap()
         packet = self._packets.pop(self._next, None)
         if packet is not None:
             self._next += 1
@@ -273,16 +273,18 @@ class JitterBuffer:
         self._delays.clear()
         return Playout(Unit.EMPTY, None, samples)
 
-    def _gap_is_concealed(self) -> bool:
-        """Whether the audio between the last played packet and the next buffered one is all
-        concealed already: by EMPTY while nothing had arrived (a burst loss longer than the
-        buffer), or none at all (numbers taken by RFC 4733 events sent beside the audio).
+    def _skip_concealed_gap(self) -> None:
+        """Play the next buffered packet now if the audio between it and the last one played
+        is all concealed already: by EMPTY while nothing had arrived (a burst loss longer than
+        the buffer), or none at all (numbers taken by RFC 4733 events sent beside the audio).
         Without this, a burst was concealed twice: as EMPTY, then again as LOST."""
         if self._played_ts is None:
-            return False
-        following = self._packets[min(self._packets)]
-        unheard = (following.timestamp - self._played_ts) % TS_MOD - self._packet_samples
-        return unheard < TS_MOD // 2 and unheard - self._concealed < self._packet_samples // 2
+            return
+        following = min(self._packets)
+        unheard = (self._packets[following].timestamp - self._played_ts) % TS_MOD
+        unheard -= self._packet_samples
+        if unheard < TS_MOD // 2 and unheard - self._concealed < self._packet_samples // 2:
+            self._next = following
 
     def _adapt(self) -> None:
         """Move the played-out delay one packet towards the target once evidence settles."""

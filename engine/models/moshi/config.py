@@ -70,8 +70,8 @@ class LmConfig:
             raise ValueError("model widths must divide by their head counts")
         if (self.dim // self.num_heads) % 2:
             raise ValueError("RoPE needs an even head dimension")
-        if self.context < 1 or min(self.delays) < 0:
-            raise ValueError("context must be >= 1 and delays >= 0")
+        if min(self.delays) < 0:  # the context, a count, is checked positive above
+            raise ValueError("delays must be >= 0")
 
     @property
     def num_streams(self) -> int:
@@ -197,18 +197,19 @@ def _replace(obj: Any, overrides: object, where: str) -> Any:
     return dataclasses.replace(obj, **values)
 
 
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)  # JSON's true is no count
+
+
 def _typed(value: object, current: object, key: str) -> object:
     """An override as the type of the value it replaces (a JSON list as a tuple of ints)."""
-    is_int = isinstance(value, int) and not isinstance(value, bool)
     if isinstance(current, tuple):
-        if isinstance(value, list) and all(
-            isinstance(v, int) and not isinstance(v, bool) for v in value
-        ):
+        if isinstance(value, list) and all(_is_int(v) for v in value):
             return tuple(value)
         raise ValueError(f"{key} must be a list of integers, got {value!r}")
-    if isinstance(current, float) and (is_int or isinstance(value, float)):
+    if isinstance(current, float) and (_is_int(value) or isinstance(value, float)):
         return float(value)  # type: ignore[arg-type]
-    if isinstance(current, int) and is_int:
+    if isinstance(current, int) and _is_int(value):
         return value
     if isinstance(current, str) and isinstance(value, str):
         return value
